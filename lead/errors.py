@@ -1,0 +1,200 @@
+"""The one exception tree of LEAD.
+
+Every error that the library or the service raises on purpose is a :class:`LeadError`.
+Each class also inherits the builtin that fits, so ``except ValueError`` keeps working
+for callers who do not know LEAD. ``service/errors.py`` is the only place that maps
+these classes to HTTP statuses; a handler on a base class covers its subclasses.
+
+::
+
+    LeadError
+    ├── InvalidInputError (ValueError)            bad arrays or arguments
+    │   ├── ShapeMismatchError                    wrong dimension or row count (expected, got)
+    │   ├── NonFiniteError                        NaN or infinity in the input
+    │   ├── TooFewPairsError                      fewer paired rows than a method needs
+    │   ├── DecodeError                           base64 or file bytes that do not decode
+    │   └── LimitExceededError                    more vectors / bytes than allowed (limit, got)
+    │       └── PayloadTooLargeError              request body over the byte limit
+    ├── UnsupportedMediaTypeError (ValueError)    request body that is not JSON / safetensors
+    ├── StitchFormatError (ValueError)            artifact with a bad config or tensors
+    │   └── UnknownArchitectureError              architecture not in the registry
+    ├── NotFoundError (LookupError)
+    │   ├── StitchNotFoundError                   no stitch (or chain) with that id / models
+    │   ├── JobNotFoundError
+    │   └── DatasetNotFoundError
+    ├── FitError (RuntimeError)                   fitting failed or diverged
+    ├── NonFiniteOutputError (RuntimeError)       a stitch produced NaN / infinity
+    ├── AuthenticationError (PermissionError)     missing or wrong API key
+    ├── ConflictError (ValueError)                Idempotency-Key reused with another body,
+    │                                             or a job in a state that forbids the action
+    ├── OverloadedError (RuntimeError)            too many concurrent requests (retry_after)
+    ├── NotReadyError (RuntimeError)              stitches not loaded yet (retry_after)
+    ├── JobCancelledError (RuntimeError)          raised inside a training run to stop it
+    └── HubError (RuntimeError)                   Hugging Face Hub download / upload failed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AuthenticationError",
+    "ConflictError",
+    "DatasetNotFoundError",
+    "DecodeError",
+    "FitError",
+    "HubError",
+    "InvalidInputError",
+    "JobCancelledError",
+    "JobNotFoundError",
+    "LeadError",
+    "LimitExceededError",
+    "NonFiniteError",
+    "NonFiniteOutputError",
+    "NotFoundError",
+    "NotReadyError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "ShapeMismatchError",
+    "StitchFormatError",
+    "StitchNotFoundError",
+    "TooFewPairsError",
+    "UnknownArchitectureError",
+    "UnsupportedMediaTypeError",
+]
+
+
+class LeadError(Exception):
+    """Base class of every error LEAD raises on purpose.
+
+    Parameters
+    ----------
+    message : str
+        A sentence a user can act on.
+    param : str, optional
+        The input field the error is about (``"input"``, ``"input[3]"``, ``"stitch"``).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidInputError(LeadError, ValueError):
+    """Input arrays or arguments that LEAD cannot use."""
+
+
+class ShapeMismatchError(InvalidInputError):
+    """An array with the wrong dimension or row count.
+
+    Attributes
+    ----------
+    expected, got : Any
+        The shape (or dimension, or count) that was expected and the one received.
+    """
+
+    def __init__(
+        self, message: str, *, expected: Any = None, got: Any = None, param: str | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.expected = expected
+        self.got = got
+
+
+class NonFiniteError(InvalidInputError):
+    """NaN or infinity in the input."""
+
+
+class TooFewPairsError(InvalidInputError):
+    """Fewer paired rows than the method or metric needs (``minimum``, ``got``)."""
+
+    def __init__(self, message: str, *, minimum: int, got: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.minimum = minimum
+        self.got = got
+
+
+class DecodeError(InvalidInputError):
+    """Bytes (base64, a file) that do not decode to the expected vectors."""
+
+
+class LimitExceededError(InvalidInputError):
+    """More vectors, rows or bytes than a configured limit allows (``limit``, ``got``)."""
+
+    def __init__(self, message: str, *, limit: int, got: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.limit = limit
+        self.got = got
+
+
+class PayloadTooLargeError(LimitExceededError):
+    """A request body larger than the configured byte limit."""
+
+
+class UnsupportedMediaTypeError(LeadError, ValueError):
+    """A request body whose content type the endpoint does not accept."""
+
+
+class StitchFormatError(LeadError, ValueError):
+    """A stitch artifact whose config or tensors are missing, malformed or inconsistent."""
+
+
+class UnknownArchitectureError(StitchFormatError):
+    """An ``architecture`` name that is not in the stitch registry."""
+
+
+class NotFoundError(LeadError, LookupError):
+    """Something addressed by id that does not exist."""
+
+
+class StitchNotFoundError(NotFoundError):
+    """No stitch (and, unless chains are refused, no chain) for the given id or models."""
+
+
+class JobNotFoundError(NotFoundError):
+    """No training job with that id."""
+
+
+class DatasetNotFoundError(NotFoundError):
+    """No uploaded dataset with that id."""
+
+
+class FitError(LeadError, RuntimeError):
+    """Fitting failed: the solver broke down or training diverged."""
+
+
+class NonFiniteOutputError(LeadError, RuntimeError):
+    """A stitch produced NaN or infinity from finite input."""
+
+
+class AuthenticationError(LeadError, PermissionError):
+    """A missing or wrong API key."""
+
+
+class ConflictError(LeadError, ValueError):
+    """A request that conflicts with the current state (idempotency key reuse, job state)."""
+
+
+class OverloadedError(LeadError, RuntimeError):
+    """Too many requests in flight; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotReadyError(LeadError, RuntimeError):
+    """The service has not loaded and checked its stitches yet."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class JobCancelledError(LeadError, RuntimeError):
+    """Raised from a progress callback to stop a training run that was cancelled."""
+
+
+class HubError(LeadError, RuntimeError):
+    """Downloading from or uploading to the Hugging Face Hub failed."""

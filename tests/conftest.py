@@ -1,0 +1,57 @@
+"""Shared test fixtures: the shipped SciFact fixture and the optional ``../shared/data``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@dataclass(frozen=True)
+class SciFactSmall:
+    """400 real SciFact documents and 100 test queries, embedded by three real models.
+
+    ``corpus[key]`` is float32 of shape (400, d), ``queries[key]`` of shape (100, d), for
+    key in ``minilm`` (384), ``mpnet`` (768), ``pml3`` (384); rows are L2-normalised.
+    """
+
+    corpus: dict[str, np.ndarray]
+    queries: dict[str, np.ndarray]
+    corpus_ids: list[str]
+    query_ids: list[str]
+    qrels: dict[str, dict[str, int]]
+    models: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def scifact_small() -> SciFactSmall:
+    path = FIXTURES / "scifact_small.safetensors"
+    tensors = load_file(path)
+    with safe_open(path, "np") as f:
+        meta = f.metadata()
+    keys = ("minilm", "mpnet", "pml3")
+    return SciFactSmall(
+        corpus={k: tensors[f"{k}_corpus"] for k in keys},
+        queries={k: tensors[f"{k}_queries"] for k in keys},
+        corpus_ids=json.loads(meta["corpus_ids"]),
+        query_ids=json.loads(meta["query_ids"]),
+        qrels=json.loads(meta["qrels"]),
+        models=json.loads(meta["models"]),
+    )
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data``; tests that need it are skipped with a reason when it is absent."""
+    if not (SHARED_DATA / "scifact" / "embeddings").is_dir():
+        pytest.skip(f"needs the real data at {SHARED_DATA} (absent in a plain clone)")
+    return SHARED_DATA

@@ -103,7 +103,8 @@ class Stitch(nn.Module):
         """Architecture parameters, the keys of :attr:`config_keys`."""
         return {key: getattr(self, key) for key in self.config_keys}
 
-    def _map(self, x_centred: Tensor) -> Tensor:
+    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
+        """The map without the target mean: ``x_centred = x - source_mean``."""
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
@@ -130,7 +131,7 @@ class Stitch(nn.Module):
                 expected=self.d_src,
                 got=tuple(x.shape),
             )
-        y = self._map(x - self.source_mean) + self.target_mean
+        y = self._map(x - self.source_mean, x) + self.target_mean
         if self.normalize_output:
             y = nn.functional.normalize(y, dim=1)
         return y
@@ -149,7 +150,7 @@ class AffineStitch(Stitch):
         super().__init__(d_src, d_tgt, **kwargs)
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
 
-    def _map(self, x_centred: Tensor) -> Tensor:
+    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
         return x_centred @ self.weight.T
 
 
@@ -170,15 +171,17 @@ class OrthogonalStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         self.scale = nn.Parameter(torch.ones(d_tgt))
 
-    def _map(self, x_centred: Tensor) -> Tensor:
+    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
         return (x_centred @ self.weight.T) * self.scale
 
 
 class MLPStitch(Stitch):
-    r"""Affine map plus a residual MLP: :math:`y = W x_c + f(x_c) + \mu_y`, :math:`x_c = x - \mu_x`.
+    r"""Affine map plus a residual MLP: :math:`y = W (x - \mu_x) + f(x / \lVert x \rVert) + \mu_y`.
 
     ``f`` is ``depth`` blocks of Linear → GELU (width ``hidden_dim``) and a final Linear to
-    ``d_tgt`` that starts at zero, so an untrained MLP stitch equals its affine part.
+    ``d_tgt`` that starts at zero, so an untrained MLP stitch equals its affine part. The
+    MLP sees the direction of ``x`` (embeddings are compared by angle), which keeps its
+    hidden units in the range they were fitted for whatever the input norm.
     Tensors: ``weight`` ``(d_tgt, d_src)``, ``mlp.{i}.weight`` / ``mlp.{i}.bias`` of
     ``nn.Linear`` layers, ``source_mean``, ``target_mean``.
     """
@@ -210,8 +213,8 @@ class MLPStitch(Stitch):
         layers.append(last)
         self.mlp = nn.Sequential(*layers)
 
-    def _map(self, x_centred: Tensor) -> Tensor:
-        return x_centred @ self.weight.T + self.mlp(x_centred)
+    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
+        return x_centred @ self.weight.T + self.mlp(nn.functional.normalize(x, dim=1))
 
 
 #: Architecture name → stitch class. The only way a config names a class.

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtualenv and install LEAD into it.
+# Usage: bash scripts/setup.sh [EXTRAS]   e.g. "service" (default) or "test"
+# torch==2.13.0 is installed first so that pip does not pull a multi-GB CUDA build;
+# pyproject.toml accepts any torch 2.x, so a machine may bring its own build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=${1:-service}
+VENV=${LEAD_VENV:-.venv}
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+fi
+"$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"

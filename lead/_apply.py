@@ -1,0 +1,64 @@
+"""Run a stitch over many rows for scoring (private): batched, no autograd, float64 out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lead._validation import as_matrix
+from lead.errors import NonFiniteOutputError, ShapeMismatchError
+from lead.stitches import Stitch
+
+__all__ = ["apply_stitch"]
+
+
+def apply_stitch(stitch: Stitch, X: Any, *, batch_size: int = 65536) -> Tensor:
+    """Translate ``X`` with ``stitch`` in batches, in the stitch's own device and dtype.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        Any stitch; evaluated in ``eval`` mode under ``torch.no_grad``, then restored.
+    X : array or Tensor of shape (n, d_src)
+        Source-model vectors.
+    batch_size : int, default 65536
+        Rows per forward pass.
+
+    Returns
+    -------
+    Tensor of shape (n, d_tgt), float64, on the stitch's device
+
+    Raises
+    ------
+    ShapeMismatchError
+        If ``X`` does not have ``stitch.d_src`` columns.
+    NonFiniteError
+        If ``X`` holds NaN or infinity.
+    NonFiniteOutputError
+        If the stitch produces NaN or infinity.
+    """
+    param = next(stitch.parameters())
+    source = as_matrix(X, name="X", dtype=param.dtype).to(param.device)
+    if source.shape[1] != stitch.d_src:
+        raise ShapeMismatchError(
+            f"X has {source.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
+            expected=stitch.d_src,
+            got=source.shape[1],
+            param="X",
+        )
+    was_training = stitch.training
+    stitch.eval()
+    try:
+        with torch.no_grad():
+            parts = [
+                stitch(source[i : i + batch_size]).to(torch.float64)
+                for i in range(0, source.shape[0], batch_size)
+            ]
+    finally:
+        stitch.train(was_training)
+    out = torch.cat(parts) if parts else source.new_zeros((0, stitch.d_tgt), dtype=torch.float64)
+    if not bool(torch.isfinite(out).all()):
+        raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
+    return out

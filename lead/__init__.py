@@ -1,6 +1,23 @@
 """LEAD: learn stitches between embedding spaces, score their alignment, translate vectors."""
 
+from lead.alignment import alignment_scores
+from lead.artifacts import load_stitch, push_stitch, read_stitch_config, save_stitch
+from lead.crossfit import crossfit_retrieval
+from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
 from lead.errors import LeadError
+from lead.fitting import ProgressCallback, fit_procrustes, fit_ridge, fit_stitch
+from lead.metrics import (
+    linear_cka_score,
+    mean_cosine_similarity,
+    mean_rank_error,
+    mean_squared_error,
+    mutual_knn_score,
+    r2_score,
+    top1_accuracy_score,
+)
+from lead.retrieval import ndcg_at_k_score, rank_corpus, recall_at_k_score, retrieval_scores
+from lead.scorecard import RetrievalData, Scorecard, score_stitch
+from lead.splits import holdout_split, kfold_indices
 from lead.stitches import (
     STITCH_REGISTRY,
     AffineStitch,
@@ -10,17 +27,49 @@ from lead.stitches import (
     StitchInfo,
     stitch_class,
 )
+from lead.training import MLPConfig, train_mlp
 
 __version__ = "0.1.0"
 
 __all__ = [
     "STITCH_REGISTRY",
     "AffineStitch",
+    "EmbeddingReader",
+    "EmbeddingWriter",
     "LeadError",
+    "MLPConfig",
     "MLPStitch",
     "OrthogonalStitch",
+    "ProgressCallback",
+    "RetrievalData",
+    "Scorecard",
     "Stitch",
     "StitchInfo",
     "__version__",
+    "alignment_scores",
+    "crossfit_retrieval",
+    "fit_procrustes",
+    "fit_ridge",
+    "fit_stitch",
+    "holdout_split",
+    "kfold_indices",
+    "linear_cka_score",
+    "load_stitch",
+    "mean_cosine_similarity",
+    "mean_rank_error",
+    "mean_squared_error",
+    "mutual_knn_score",
+    "ndcg_at_k_score",
+    "push_stitch",
+    "r2_score",
+    "rank_corpus",
+    "read_embeddings",
+    "read_stitch_config",
+    "recall_at_k_score",
+    "retrieval_scores",
+    "save_stitch",
+    "score_stitch",
     "stitch_class",
+    "top1_accuracy_score",
+    "train_mlp",
 ]

@@ -25,8 +25,9 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── FitError (RuntimeError)                   fitting failed or diverged
     ├── NonFiniteOutputError (RuntimeError)       a stitch produced NaN / infinity
     ├── AuthenticationError (PermissionError)     missing or wrong API key
-    ├── ConflictError (ValueError)                Idempotency-Key reused with another body,
-    │                                             or a job in a state that forbids the action
+    ├── ConflictError (ValueError)                a job in a state that forbids the action,
+    │   │                                         a stitch id or dataset still in use
+    │   └── IdempotencyKeyReusedError             Idempotency-Key reused with another body
     ├── OverloadedError (RuntimeError)            too many concurrent requests (retry_after)
     ├── NotReadyError (RuntimeError)              stitches not loaded yet (retry_after)
     ├── JobCancelledError (RuntimeError)          raised inside a training run to stop it
@@ -44,6 +45,7 @@ __all__ = [
     "DecodeError",
     "FitError",
     "HubError",
+    "IdempotencyKeyReusedError",
     "InvalidInputError",
     "JobCancelledError",
     "JobNotFoundError",
@@ -174,6 +176,10 @@ class AuthenticationError(LeadError, PermissionError):
 
 class ConflictError(LeadError, ValueError):
     """A request that conflicts with the current state (idempotency key reuse, job state)."""
+
+
+class IdempotencyKeyReusedError(ConflictError):
+    """An ``Idempotency-Key`` sent again with a different request body."""
 
 
 class OverloadedError(LeadError, RuntimeError):

@@ -1,0 +1,387 @@
+"""Save, load and publish stitch artifacts: ``config.json`` + ``model.safetensors`` + ``README.md``.
+
+A stitch is a folder (or a Hugging Face Hub model repo holding the same three files).
+Saving is atomic; loading validates the config, then the tensor names and shapes against a
+freshly built stitch, and reads tensors with safetensors only (never pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from lead._hub import download_snapshot, upload_folder
+from lead._model_card import model_card
+from lead.errors import (
+    InvalidInputError,
+    LeadError,
+    StitchFormatError,
+    StitchNotFoundError,
+)
+from lead.stitches import Stitch, StitchInfo, stitch_class
+
+__all__ = [
+    "ARTIFACT_FILES",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "load_stitch",
+    "push_stitch",
+    "read_stitch_config",
+    "save_stitch",
+]
+
+FORMAT = "lead-stitch"
+FORMAT_VERSION = 1
+WEIGHT_ORIENTATION = "(d_tgt, d_src)"
+CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
+ARTIFACT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray | torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to config.json")
+
+
+def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    from lead.fitting import _lead_version
+
+    info = stitch.info
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "architecture": stitch.architecture,
+        "weight_orientation": WEIGHT_ORIENTATION,
+        "source": {
+            "model": info.source_model,
+            "dim": stitch.d_src,
+            "revision": info.source_revision,
+            "normalized": info.source_normalized,
+        },
+        "target": {
+            "model": info.target_model,
+            "dim": stitch.d_tgt,
+            "revision": info.target_revision,
+            "normalized": info.target_normalized,
+        },
+        **stitch.get_config(),
+        "normalize_output": stitch.normalize_output,
+        "fit": info.fit,
+        "scorecard": info.scorecard,
+        "lead_version": _lead_version(),
+        "dtype": "float32",
+        "tensors": {name: list(t.shape) for name, t in tensors.items()},
+    }
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_replaceable(folder: Path) -> bool:
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if not any(folder.iterdir()):
+        return True
+    try:
+        return bool(json.loads((folder / CONFIG_FILE).read_text()).get("format") == FORMAT)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def save_stitch(stitch: Stitch, folder: str | Path) -> Path:
+    """Write a stitch to ``folder`` atomically.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        Any registered stitch; its tensors are written as float32.
+    folder : str or Path
+        Destination. Its parent is created. An existing ``folder`` is replaced only if it
+        is empty or holds a stitch.
+
+    Returns
+    -------
+    Path
+        ``folder``, holding ``config.json``, ``model.safetensors`` and ``README.md``.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``folder`` exists and is not an empty folder or a stitch folder.
+
+    Notes
+    -----
+    The files are written and fsynced in a temporary folder beside ``folder``, which is
+    then renamed into place (an old version is moved aside first and deleted last), so a
+    reader never sees a half-written stitch.
+    """
+    folder = Path(folder)
+    if folder.exists() and not _is_replaceable(folder):
+        raise InvalidInputError(
+            f"refusing to replace {folder}: it exists and is not a stitch folder", param="folder"
+        )
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        name: t.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+        for name, t in stitch.state_dict().items()
+    }
+    config = _stitch_config(stitch, tensors)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        text = json.dumps(config, indent=2, allow_nan=False, default=_json_default) + "\n"
+        (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
+        (tmp / CARD_FILE).write_text(model_card(config, folder.name), encoding="utf-8")
+        for name in ARTIFACT_FILES:
+            (tmp / name).chmod(0o644)
+            _fsync(tmp / name)
+        tmp.chmod(0o755)
+        old = None
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if old is not None:
+                os.replace(old / folder.name, folder)
+            raise
+        _fsync(folder.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def read_stitch_config(folder: str | Path) -> dict[str, Any]:
+    """Read and check a stitch folder's ``config.json``.
+
+    Parameters
+    ----------
+    folder : str or Path
+        A local stitch folder.
+
+    Returns
+    -------
+    dict
+        The parsed config, with ``format``, ``format_version``, ``architecture`` and
+        positive integer ``source.dim`` / ``target.dim`` checked.
+
+    Raises
+    ------
+    StitchNotFoundError
+        If ``folder`` is not a directory.
+    StitchFormatError
+        If ``config.json`` is missing, not JSON, or fails the checks.
+    UnknownArchitectureError
+        If ``architecture`` is not in :data:`lead.stitches.STITCH_REGISTRY`.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StitchNotFoundError(f"no stitch folder at {folder}", param="stitch")
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StitchFormatError(f"{folder} has no {CONFIG_FILE}", param="stitch") from None
+    except (OSError, ValueError) as error:
+        raise StitchFormatError(f"cannot read {folder / CONFIG_FILE}: {error}") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise StitchFormatError(f"{folder / CONFIG_FILE} is not a {FORMAT!r} config")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise StitchFormatError(
+            f"unsupported format_version {config.get('format_version')!r} "
+            f"(this lead reads version {FORMAT_VERSION})"
+        )
+    if config.get("weight_orientation") != WEIGHT_ORIENTATION:
+        raise StitchFormatError(
+            f"weight_orientation must be {WEIGHT_ORIENTATION!r}, "
+            f"got {config.get('weight_orientation')!r}"
+        )
+    stitch_class(str(config.get("architecture")))
+    for side in ("source", "target"):
+        entry = config.get(side)
+        if not isinstance(entry, dict):
+            raise StitchFormatError(f"config {side!r} must be an object with model and dim")
+        dim = entry.get("dim")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise StitchFormatError(f"config {side}.dim must be a positive integer, got {dim!r}")
+        if not isinstance(entry.get("model", ""), str):
+            raise StitchFormatError(f"config {side}.model must be a string")
+    return config
+
+
+def _build(config: dict[str, Any]) -> Stitch:
+    cls = stitch_class(config["architecture"])
+    missing = [key for key in cls.config_keys if key not in config]
+    if missing:
+        raise StitchFormatError(f"config lacks architecture parameter(s) {', '.join(missing)}")
+    source, target = config["source"], config["target"]
+    info = StitchInfo(
+        source_model=source.get("model", StitchInfo.source_model),
+        target_model=target.get("model", StitchInfo.target_model),
+        source_normalized=bool(source.get("normalized", True)),
+        target_normalized=bool(target.get("normalized", True)),
+        source_revision=source.get("revision"),
+        target_revision=target.get("revision"),
+        fit=dict(config.get("fit") or {}),
+        scorecard=config.get("scorecard"),
+    )
+    try:
+        return cls(
+            source["dim"],
+            target["dim"],
+            normalize_output=bool(config.get("normalize_output", False)),
+            info=info,
+            **{key: config[key] for key in cls.config_keys},
+        )
+    except (LeadError, TypeError, ValueError) as error:
+        raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
+
+
+def _check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]]) -> None:
+    for name, shape in expected.items():
+        if name not in got:
+            raise StitchFormatError(f"tensor {name!r} is missing (expected shape {list(shape)})")
+        if tuple(got[name]) != shape:
+            raise StitchFormatError(
+                f"tensor {name!r} has shape {list(got[name])}, expected {list(shape)}"
+            )
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        raise StitchFormatError(f"unexpected tensor {extra[0]!r} (extra: {', '.join(extra)})")
+
+
+def _load_folder(folder: Path) -> Stitch:
+    config = read_stitch_config(folder)
+    stitch = _build(config)
+    expected = {name: tuple(t.shape) for name, t in stitch.state_dict().items()}
+    declared = config.get("tensors")
+    if declared is not None:
+        if not isinstance(declared, dict):
+            raise StitchFormatError("config 'tensors' must map tensor names to shapes")
+        _check_tensors(expected, {k: tuple(v) for k, v in declared.items()})
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise StitchFormatError(f"{folder} has no {WEIGHTS_FILE}")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+        _check_tensors(expected, shapes)
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError) as error:
+        raise StitchFormatError(f"cannot read {weights}: {error}") from None
+    for name, t in tensors.items():
+        if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+            raise StitchFormatError(f"tensor {name!r} must be finite floating point numbers")
+    stitch.load_state_dict({k: t.float() for k, t in tensors.items()}, strict=True)
+    return stitch
+
+
+def load_stitch(
+    folder_or_repo_id: str | Path,
+    revision: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> Stitch:
+    """Load a stitch from a local folder or a Hugging Face Hub model repo.
+
+    Parameters
+    ----------
+    folder_or_repo_id : str or Path
+        A local stitch folder; otherwise a Hub repo id ``org/name``, optionally pinned
+        as ``org/name@revision``. Hub files go through ``huggingface_hub.snapshot_download``,
+        which uses the Hugging Face cache (``HF_HUB_CACHE``) and honours ``HF_HUB_OFFLINE``.
+    revision : str, optional
+        Hub branch, tag or commit; must agree with an ``@revision`` in the id.
+    device : str or torch.device, optional
+        Device to move the stitch to (default CPU).
+    dtype : torch.dtype, optional
+        Floating dtype of the parameters (default float32, as stored).
+
+    Returns
+    -------
+    Stitch
+        In eval mode, with gradients off.
+
+    Raises
+    ------
+    StitchNotFoundError
+        No such folder, no such Hub repo / revision, or not cached while offline.
+    StitchFormatError
+        A bad config, a missing, extra or wrongly shaped tensor, or unreadable files.
+    UnknownArchitectureError
+        An architecture that is not registered.
+    HubError
+        The Hub could not be reached or refused the download.
+    """
+    spec = str(folder_or_repo_id)
+    folder = Path(spec)
+    if not folder.is_dir():
+        repo_id, _, pinned = spec.partition("@")
+        if not _REPO_ID.match(repo_id) or (folder.exists() and not pinned):
+            raise StitchNotFoundError(f"no stitch folder or Hub repo {spec!r}", param="stitch")
+        if pinned and revision and pinned != revision:
+            raise InvalidInputError(
+                f"revision {revision!r} disagrees with {spec!r}", param="revision"
+            )
+        folder = download_snapshot(repo_id, pinned or revision, ARTIFACT_FILES)
+    stitch = _load_folder(folder)
+    stitch.requires_grad_(False)
+    stitch.to(device=device if device is not None else "cpu")
+    if dtype is not None:
+        stitch.to(dtype=dtype)
+    return stitch.eval()
+
+
+def push_stitch(
+    folder: str | Path, repo_id: str, *, token: str | None = None, revision: str | None = None
+) -> str:
+    """Upload a saved stitch folder to a Hugging Face Hub model repo.
+
+    Parameters
+    ----------
+    folder : str or Path
+        A stitch folder written by :func:`save_stitch`; it is loaded once as a check.
+    repo_id : str
+        ``org/name``; the repo is created if it does not exist.
+    token : str, optional
+        Hub token (default: the logged-in one, or ``HF_TOKEN``).
+    revision : str, optional
+        Branch to commit to (created if missing); default ``main``.
+
+    Returns
+    -------
+    str
+        ``"org/name@<commit sha>"``, an id :func:`load_stitch` accepts.
+
+    Raises
+    ------
+    StitchNotFoundError, StitchFormatError
+        If ``folder`` is not a valid stitch.
+    HubError
+        If the upload fails.
+    """
+    _load_folder(Path(folder))
+    return upload_folder(Path(folder), repo_id, ARTIFACT_FILES, token=token, revision=revision)

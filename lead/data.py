@@ -1,0 +1,267 @@
+"""Embedding files: read paired vectors lazily by row range, and stream translations out.
+
+A file is named by a *spec*: ``path.safetensors:tensor`` (or just ``path.safetensors`` when
+it holds one tensor), or ``path.npy``. Reading goes through ``safe_open(...).get_slice`` or
+``np.load(mmap_mode="r")``, so only the rows asked for are read; every batch is checked to
+be finite. :class:`EmbeddingWriter` writes ``.npy`` or ``.safetensors`` row batches straight
+to disk (into a temporary file that is renamed at the end), so an export of any size needs
+memory for one batch only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.lib.format import open_memmap
+from safetensors import SafetensorError, safe_open
+
+from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
+
+__all__ = ["EmbeddingReader", "EmbeddingWriter", "parse_spec", "read_embeddings"]
+
+SUFFIXES = (".safetensors", ".npy")
+
+
+def parse_spec(spec: str | Path) -> tuple[Path, str | None]:
+    """Split ``"file.safetensors:tensor"`` into ``(Path("file.safetensors"), "tensor")``.
+
+    A spec without ``:tensor`` (or whose full text names an existing file) gives ``None``.
+    """
+    text = str(spec)
+    head, sep, tail = text.rpartition(":")
+    if sep and head and tail and not Path(text).exists() and head.endswith(SUFFIXES):
+        return Path(head), tail
+    return Path(text), None
+
+
+class EmbeddingReader:
+    """Lazy, row-range reader of one 2-D embedding array in a ``.safetensors`` or ``.npy`` file.
+
+    Parameters
+    ----------
+    spec : str or Path
+        ``file.safetensors[:tensor]`` or ``file.npy``.
+
+    Attributes
+    ----------
+    path : Path
+    tensor : str or None
+        The safetensors tensor name (``None`` for ``.npy``).
+    shape : tuple of int
+        ``(n, d)``.
+
+    Raises
+    ------
+    InvalidInputError
+        Missing file, unknown suffix, or a tensor name that is absent / ambiguous.
+    DecodeError
+        A file that is not valid safetensors / npy.
+    ShapeMismatchError
+        An array that is not 2-D.
+    """
+
+    def __init__(self, spec: str | Path) -> None:
+        self.spec = str(spec)
+        self.path, self.tensor = parse_spec(spec)
+        if not self.path.is_file():
+            raise InvalidInputError(f"no such file: {self.path}", param=self.spec)
+        suffix = self.path.suffix.lower()
+        if suffix not in SUFFIXES:
+            raise InvalidInputError(
+                f"{self.path}: expected a .safetensors or .npy file", param=self.spec
+            )
+        if suffix == ".npy":
+            if self.tensor is not None:
+                raise InvalidInputError(f"{self.path}: .npy files hold one array", param=self.spec)
+            shape = tuple(self._npy().shape)
+        else:
+            shape = self._safetensors_shape()
+        if len(shape) != 2:
+            raise ShapeMismatchError(
+                f"{self.spec} must hold a 2-D array (n, d), got shape {shape}",
+                expected="(n, d)",
+                got=shape,
+                param=self.spec,
+            )
+        self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
+
+    def _npy(self) -> np.ndarray:
+        try:
+            array: np.ndarray = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as error:
+            raise DecodeError(
+                f"cannot read {self.path} as .npy: {error}", param=self.spec
+            ) from None
+        if array.dtype.kind not in "iuf":
+            raise DecodeError(f"{self.path} holds {array.dtype}, not numbers", param=self.spec)
+        return array
+
+    def _safetensors_shape(self) -> tuple[int, ...]:
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                names = list(f.keys())
+                if self.tensor is None:
+                    if len(names) != 1:
+                        raise InvalidInputError(
+                            f"{self.path} holds tensors {', '.join(names) or '(none)'}; "
+                            f"name one as {self.path}:TENSOR",
+                            param=self.spec,
+                        )
+                    self.tensor = names[0]
+                if self.tensor not in names:
+                    raise InvalidInputError(
+                        f"{self.path} has no tensor {self.tensor!r} (it has {', '.join(names)})",
+                        param=self.spec,
+                    )
+                return tuple(f.get_slice(self.tensor).get_shape())
+        except (SafetensorError, OSError) as error:
+            raise DecodeError(f"cannot read {self.path} as safetensors: {error}") from None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` as a float32 array of shape ``(stop - start, d)``, checked finite.
+
+        Raises
+        ------
+        NonFiniteError
+            If a row holds NaN or infinity (its absolute row index is named).
+        """
+        stop = self.shape[0] if stop is None else min(stop, self.shape[0])
+        start = max(0, min(start, stop))
+        if self.tensor is None:
+            rows = np.array(self._npy()[start:stop], dtype=np.float32)
+        else:
+            try:
+                with safe_open(str(self.path), framework="pt") as f:
+                    part = f.get_slice(self.tensor)[start:stop]
+            except (SafetensorError, OSError) as error:
+                raise DecodeError(f"cannot read {self.path}: {error}", param=self.spec) from None
+            rows = part.to(torch.float32).numpy()
+        finite = np.isfinite(rows)
+        if not finite.all():
+            bad = start + int(np.flatnonzero(~finite.all(axis=1))[0])
+            raise NonFiniteError(f"{self.spec} holds NaN or infinity in row {bad}", param=self.spec)
+        return rows
+
+    def iter_batches(self, batch_size: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, rows)`` for consecutive batches of at most ``batch_size`` rows."""
+        if batch_size < 1:
+            raise InvalidInputError("batch_size must be at least 1", param="batch_size")
+        for start in range(0, self.shape[0], batch_size):
+            yield start, self.read(start, start + batch_size)
+
+
+def read_embeddings(spec: str | Path, rows: np.ndarray | None = None) -> np.ndarray:
+    """Read a whole embedding array (or the given rows) as float32 of shape ``(n, d)``.
+
+    Raises
+    ------
+    InvalidInputError, DecodeError, ShapeMismatchError, NonFiniteError
+        As :class:`EmbeddingReader`.
+    """
+    data = EmbeddingReader(spec).read()
+    return data if rows is None else data[np.asarray(rows)]
+
+
+class EmbeddingWriter:
+    """Write ``(n, d)`` float32 rows batch by batch to ``.npy`` or ``.safetensors``.
+
+    Use as a context manager; the file appears (atomically renamed) only when all ``n``
+    rows were written without error.
+
+    Parameters
+    ----------
+    spec : str or Path
+        ``out.npy``, or ``out.safetensors[:tensor]`` (tensor name default ``embeddings``).
+    n, d : int
+        Rows and columns of the output.
+    metadata : dict of str to str, optional
+        safetensors header metadata (ignored for ``.npy``).
+    """
+
+    def __init__(
+        self, spec: str | Path, n: int, d: int, *, metadata: dict[str, str] | None = None
+    ) -> None:
+        self.path, tensor = parse_spec(spec)
+        self.n, self.d, self.rows = int(n), int(d), 0
+        suffix = self.path.suffix.lower()
+        if suffix not in SUFFIXES:
+            raise InvalidInputError(
+                f"{self.path}: output must be .npy or .safetensors", param="output"
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self._memmap: np.memmap[Any, Any] | None = None
+        self._file: Any = None
+        if suffix == ".npy":
+            self._memmap = open_memmap(self._tmp, mode="w+", dtype="<f4", shape=(self.n, self.d))
+        else:
+            header: dict[str, Any] = {
+                tensor or "embeddings": {
+                    "dtype": "F32",
+                    "shape": [self.n, self.d],
+                    "data_offsets": [0, self.n * self.d * 4],
+                }
+            }
+            if metadata:
+                header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)
+            self._file = open(self._tmp, "wb")  # noqa: SIM115
+            self._file.write(struct.pack("<Q", len(raw)) + raw)
+
+    def write(self, batch: np.ndarray) -> None:
+        """Append rows of shape ``(m, d)`` (converted to little-endian float32)."""
+        batch = np.asarray(batch)
+        if batch.ndim != 2 or batch.shape[1] != self.d or self.rows + batch.shape[0] > self.n:
+            raise ShapeMismatchError(
+                f"cannot write a batch of shape {batch.shape} after {self.rows} of "
+                f"{self.n} rows of dimension {self.d}",
+                expected=(self.n - self.rows, self.d),
+                got=batch.shape,
+            )
+        if self._memmap is not None:
+            self._memmap[self.rows : self.rows + batch.shape[0]] = batch
+        else:
+            self._file.write(np.ascontiguousarray(batch, dtype="<f4").tobytes())
+        self.rows += batch.shape[0]
+
+    def _close(self) -> None:
+        if self._memmap is not None:
+            self._memmap.flush()
+            self._memmap = None
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> EmbeddingWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close()
+        if exc_type is None and self.rows != self.n:
+            self._tmp.unlink(missing_ok=True)
+            raise ShapeMismatchError(
+                f"wrote {self.rows} rows, expected {self.n}", expected=self.n, got=self.rows
+            )
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        else:
+            self._tmp.unlink(missing_ok=True)

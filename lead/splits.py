@@ -1,0 +1,105 @@
+"""Deterministic train / held-out splits of paired rows.
+
+The same ``(n, fraction, seed)`` always gives the same split, on every machine, so a
+scorecard can name its held-out rows by these three numbers alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lead.errors import InvalidInputError, TooFewPairsError
+
+__all__ = ["MIN_SPLIT_SIDE", "holdout_split", "kfold_indices"]
+
+#: Fewest rows allowed on each side of a hold-out split.
+MIN_SPLIT_SIDE = 4
+
+
+def holdout_split(
+    n: int, holdout_fraction: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``range(n)`` into training and held-out row indices.
+
+    Parameters
+    ----------
+    n : int
+        Number of paired rows.
+    holdout_fraction : float, default 0.2
+        Share of rows held out, strictly between 0 and 1.
+    seed : int, default 0
+        Seed of ``np.random.default_rng``.
+
+    Returns
+    -------
+    train_idx, test_idx : ndarray of int64, sorted
+        Disjoint, together ``range(n)``. ``test_idx`` are the first
+        ``round(n * holdout_fraction)`` entries of ``default_rng(seed).permutation(n)``.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``holdout_fraction`` is not in (0, 1).
+    TooFewPairsError
+        If either side would have fewer than 4 rows.
+
+    Examples
+    --------
+    >>> train, test = holdout_split(10, 0.4, seed=0)
+    >>> len(train), len(test)
+    (6, 4)
+    """
+    if not 0.0 < float(holdout_fraction) < 1.0:
+        raise InvalidInputError(
+            f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}",
+            param="holdout_fraction",
+        )
+    n = int(n)
+    n_test = round(n * float(holdout_fraction))
+    if n_test < MIN_SPLIT_SIDE or n - n_test < MIN_SPLIT_SIDE:
+        raise TooFewPairsError(
+            f"cannot hold out {holdout_fraction:g} of {n} pairs: each side needs at least "
+            f"{MIN_SPLIT_SIDE} (train {n - n_test}, held out {n_test})",
+            minimum=MIN_SPLIT_SIDE,
+            got=min(n_test, n - n_test),
+            param="holdout_fraction",
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
+
+
+def kfold_indices(n: int, folds: int = 5, seed: int = 0) -> list[np.ndarray]:
+    """Partition ``range(n)`` into ``folds`` held-out index sets of near-equal size.
+
+    Parameters
+    ----------
+    n : int
+        Number of paired rows.
+    folds : int, default 5
+        Number of folds, at least 2.
+    seed : int, default 0
+        Seed of ``np.random.default_rng``.
+
+    Returns
+    -------
+    list of ndarray of int64
+        ``folds`` sorted, disjoint index arrays covering ``range(n)``; fold ``k`` is
+        the ``k``-th chunk of ``np.array_split(default_rng(seed).permutation(n), folds)``.
+        The training rows of fold ``k`` are all the others.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``folds < 2``.
+    TooFewPairsError
+        If ``n < folds``.
+    """
+    folds = int(folds)
+    if folds < 2:
+        raise InvalidInputError(f"folds must be at least 2, got {folds}", param="folds")
+    if n < folds:
+        raise TooFewPairsError(
+            f"cannot split {n} pairs into {folds} folds", minimum=folds, got=int(n), param="folds"
+        )
+    order = np.random.default_rng(seed).permutation(int(n))
+    return [np.sort(chunk) for chunk in np.array_split(order, folds)]

@@ -1,0 +1,154 @@
+"""Rebuild the bundled stitches in ``models/`` with ``lead fit`` on the real data in ``../shared``.
+
+    .venv/bin/python models/build.py [--data ../shared/data] [--only minilm-to-mpnet]
+
+For every stitch below, the training data is, in this order (``--holdout-from 1``):
+
+1. the SciFact documents that both models have (all 5,183; 2,560 when mpnet is one of them),
+   of which a fixed, seeded 20 % is held out for the scorecard (ids listed in the model card);
+2. the SciFact queries that are not test queries (809), training only;
+3. the 12,935 general-domain STS-B sentences, training only.
+
+Every candidate method is fitted with the same split; the one with the best held-out
+``r2_score`` is kept, except that a bigger architecture must beat a smaller one by
+``MIN_GAIN`` to be chosen (the folder has to stay a few MB). The comparison is written to
+``models/candidates.json``, which ``models/README.md`` quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+MODELS_DIR = Path(__file__).resolve().parent
+MODEL_IDS = {
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+    "mpnet": "sentence-transformers/all-mpnet-base-v2",
+    "e5": "intfloat/multilingual-e5-small",
+    "pml3": "sentence-transformers/paraphrase-MiniLM-L3-v2",
+}
+#: stitch id -> (source key, target key)
+STITCHES = {
+    "minilm-to-mpnet": ("minilm", "mpnet"),
+    "mpnet-to-minilm": ("mpnet", "minilm"),
+    "minilm-to-e5": ("minilm", "e5"),
+    "e5-to-minilm": ("e5", "minilm"),
+    "minilm-to-pml3": ("minilm", "pml3"),
+}
+#: candidate name -> (method, options); in order of size
+CANDIDATES = {
+    "procrustes": ("procrustes", {}),
+    "ridge": ("ridge", {}),
+    "mlp": ("mlp", {"hidden_dim": 512, "max_epochs": 8, "patience": 2}),
+}
+#: file stems of the three training parts, as recorded in each stitch's config and card
+PARTS = {"docs": "scifact-docs", "queries": "scifact-train-queries", "sts": "stsb-sentences"}
+MIN_GAIN = 0.02
+HOLDOUT, SEED = 0.2, 0
+
+
+def scifact_pairs(data: Path, src: str, tgt: str) -> dict[str, object]:
+    """Row-aligned document, training-query and STS-B embeddings of two models."""
+    sci = data / "scifact"
+    ids = json.loads((sci / "ids.json").read_text())
+    test_queries = {
+        line.split("\t")[0] for line in (sci / "qrels" / "test.tsv").read_text().splitlines()[1:]
+    }
+    doc_ids = ids["corpus"]
+    if "mpnet" in (src, tgt):
+        doc_ids = json.loads((sci / "embeddings" / "mpnet_corpus_ids.json").read_text())
+    train_q = [i for i, q in enumerate(ids["queries"]) if q not in test_queries]
+    out: dict[str, object] = {"doc_ids": doc_ids}
+    for side, key in (("source", src), ("target", tgt)):
+        emb = load_file(sci / "embeddings" / f"{key}.safetensors")
+        order = (
+            json.loads((sci / "embeddings" / "mpnet_corpus_ids.json").read_text())
+            if key == "mpnet"
+            else ids["corpus"]
+        )
+        row = {d: i for i, d in enumerate(order)}
+        out[f"{side}_docs"] = emb["corpus"][[row[d] for d in doc_ids]]
+        out[f"{side}_queries"] = emb["queries"][train_q]
+        out[f"{side}_sts"] = load_file(data / "stsb" / "embeddings" / f"{key}.safetensors")[
+            "sentences"
+        ]
+    return out
+
+
+def fit_candidate(work: Path, stitch_id: str, src: str, tgt: str, name: str) -> dict[str, object]:
+    method, options = CANDIDATES[name]
+    out = work / f"{stitch_id}.{name}"
+    cmd = [sys.executable, "-m", "lead.cli", "fit", "--method", method]
+    for part in ("docs", "queries", "sts"):  # relative names: they are recorded in the card
+        cmd += ["--source", f"{PARTS[part]}.{src}.npy", "--target", f"{PARTS[part]}.{tgt}.npy"]
+    for key, value in options.items():
+        cmd += ["--option", f"{key}={json.dumps(value)}"]
+    cmd += [
+        "--holdout", str(HOLDOUT), "--holdout-from", "1", "--seed", str(SEED),
+        "--ids", "scifact-doc-ids.json",
+        "--source-model", MODEL_IDS[src], "--target-model", MODEL_IDS[tgt],
+        "--out", str(out),
+    ]  # fmt: skip
+    print("$ lead " + " ".join(cmd[3:]), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=work)
+    config = json.loads((out / "config.json").read_text())
+    return {"folder": str(out), "scorecard": config["scorecard"], "method": method,
+            "options": options}  # fmt: skip
+
+
+def build(data: Path, stitch_id: str, candidates: dict[str, object]) -> None:
+    src, tgt = STITCHES[stitch_id]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        pairs = scifact_pairs(data, src, tgt)
+        (work / "scifact-doc-ids.json").write_text(json.dumps(pairs.pop("doc_ids")))
+        for name, array in pairs.items():
+            side, part = name.split("_")
+            path = work / f"{PARTS[part]}.{src if side == 'source' else tgt}.npy"
+            np.save(path, np.ascontiguousarray(array, dtype=np.float32))
+        results = {name: fit_candidate(work, stitch_id, src, tgt, name) for name in CANDIDATES}
+        best = None
+        for name, result in results.items():  # smallest first
+            r2 = result["scorecard"]["r2_score"]  # type: ignore[index]
+            if best is None or r2 > results[best]["scorecard"]["r2_score"] + MIN_GAIN:  # type: ignore[index]
+                best = name
+        assert best is not None
+        target = MODELS_DIR / stitch_id
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(results[best]["folder"], target)  # type: ignore[arg-type]
+        candidates[stitch_id] = {
+            "chosen": best,
+            "candidates": {
+                name: {
+                    "method": r["method"],
+                    "options": r["options"],
+                    "scorecard": r["scorecard"],
+                }
+                for name, r in results.items()
+            },
+        }
+        print(f"{stitch_id}: chose {best}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=MODELS_DIR.parent.parent / "shared" / "data")
+    parser.add_argument("--only", action="append", choices=sorted(STITCHES))
+    args = parser.parse_args()
+    record = MODELS_DIR / "candidates.json"
+    candidates = json.loads(record.read_text()) if record.exists() else {}
+    for stitch_id in args.only or STITCHES:
+        build(args.data, stitch_id, candidates)
+        record.write_text(json.dumps(candidates, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

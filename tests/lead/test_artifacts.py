@@ -1,0 +1,405 @@
+"""Stitch artifacts: exact save → load round trips, strict validation, Hub cache loading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import errors as hf_errors
+from safetensors.torch import load_file, save_file
+
+import lead.artifacts
+from lead.artifacts import ARTIFACT_FILES, load_stitch, push_stitch, read_stitch_config, save_stitch
+from lead.errors import (
+    HubError,
+    InvalidInputError,
+    StitchFormatError,
+    StitchNotFoundError,
+    UnknownArchitectureError,
+)
+from lead.fitting import fit_stitch
+from lead.stitches import MLPStitch, Stitch, StitchInfo
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SCORECARD = {
+    "pairs": 20,
+    "pool_size": 20,
+    "r2_score": 0.5,
+    "mean_squared_error": 0.01,
+    "retrieval": None,
+    "baselines": {"mean_estimator": {"r2_score": 0.0}},
+}
+
+
+def _info() -> StitchInfo:
+    return StitchInfo(
+        source_model="org/source-model",
+        target_model="org/target-model",
+        source_revision="abc",
+        target_normalized=False,
+        fit={"data": "toy pairs"},
+        scorecard=dict(SCORECARD),
+    )
+
+
+def _fitted(method: str, **options: Any) -> Stitch:
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    return fit_stitch(X, Y, method, info=_info(), **options)
+
+
+def _mlp() -> Stitch:
+    """An MLP stitch with every parameter random (training is tested elsewhere)."""
+    stitch = MLPStitch(5, 3, hidden_dim=8, depth=2, normalize_output=True, info=_info())
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in stitch.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+    return stitch
+
+
+STITCHES = {
+    "affine": lambda: _fitted("ridge"),
+    "orthogonal": lambda: _fitted("procrustes", scaling=True),
+    "mlp": _mlp,
+}
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    return save_stitch(_fitted("ridge"), tmp_path / "stitch")
+
+
+@pytest.mark.parametrize("architecture", sorted(STITCHES))
+def test_save_load_round_trips_exactly(tmp_path: Path, architecture: str) -> None:
+    stitch = STITCHES[architecture]()
+    folder = save_stitch(stitch, tmp_path / "out")
+    loaded = load_stitch(folder)
+    assert type(loaded) is type(stitch) and loaded.architecture == architecture
+    assert loaded.get_config() == stitch.get_config()
+    assert loaded.normalize_output == stitch.normalize_output
+    assert loaded.info == stitch.info
+    original, restored = stitch.state_dict(), loaded.state_dict()
+    assert original.keys() == restored.keys()
+    for name, tensor in original.items():
+        assert torch.equal(tensor, restored[name]), name
+    x = torch.randn(7, 5)
+    with torch.no_grad():
+        assert torch.equal(stitch(x), loaded(x))
+    assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
+
+
+def test_config_json_documents_the_artifact(saved: Path) -> None:
+    config = read_stitch_config(saved)
+    assert sorted(p.name for p in saved.iterdir()) == sorted(ARTIFACT_FILES)
+    assert config["format"] == "lead-stitch" and config["format_version"] == 1
+    assert config["architecture"] == "affine"
+    assert config["weight_orientation"] == "(d_tgt, d_src)"
+    assert config["source"] == {
+        "model": "org/source-model",
+        "dim": 5,
+        "revision": "abc",
+        "normalized": True,
+    }
+    assert config["target"]["dim"] == 3 and config["target"]["normalized"] is False
+    assert config["normalize_output"] is False  # follows target_normalized
+    assert config["tensors"] == {"source_mean": [5], "target_mean": [3], "weight": [3, 5]}
+    assert config["scorecard"] == SCORECARD
+    assert config["fit"]["method"] == "ridge" and config["fit"]["data"] == "toy pairs"
+    assert config["lead_version"] == "0.1.0"
+    tensors = load_file(saved / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+
+
+def test_model_card_has_hub_metadata_and_the_scorecard(saved: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    text = (saved / "README.md").read_text()
+    assert text.startswith("---\n")
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert meta["library_name"] == "lead"
+    assert meta["tags"] == ["lead", "embedding-stitch", "affine"]
+    assert meta["base_model"] == ["org/source-model", "org/target-model"]
+    metrics = meta["model-index"][0]["results"][0]["metrics"]
+    assert {"type": "r2_score", "value": 0.5, "name": "r2_score"} in metrics
+    assert "| `r2_score` | 0.5000 | 0.0000 |" in text
+    assert "load_stitch(" in text and "lead translate" in text
+
+
+def test_save_replaces_an_existing_stitch_atomically(tmp_path: Path) -> None:
+    folder = tmp_path / "stitch"
+    save_stitch(_fitted("ridge"), folder)
+    second = _fitted("procrustes")
+    save_stitch(second, folder)
+    assert load_stitch(folder).architecture == "orthogonal"
+    assert [p.name for p in tmp_path.iterdir()] == ["stitch"]  # no temporary folders left
+
+
+def test_a_failed_save_keeps_the_previous_stitch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = save_stitch(_fitted("ridge"), tmp_path / "stitch")
+    before = (folder / "model.safetensors").read_bytes()
+
+    def broken(config: dict[str, Any], name: str) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(lead.artifacts, "model_card", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_stitch(_fitted("procrustes"), folder)
+    assert (folder / "model.safetensors").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["stitch"]
+
+
+def test_save_refuses_to_replace_something_that_is_not_a_stitch(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(InvalidInputError, match="refusing"):
+        save_stitch(_fitted("ridge"), folder)
+    assert (folder / "notes.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidInputError):
+        save_stitch(_fitted("ridge"), tmp_path / "file")
+
+
+def test_load_moves_to_dtype(saved: Path) -> None:
+    stitch = load_stitch(saved, device="cpu", dtype=torch.float64)
+    assert stitch.weight.dtype == torch.float64
+    assert stitch(torch.randn(2, 5, dtype=torch.float64)).dtype == torch.float64
+
+
+# --- strict loading ------------------------------------------------------------------------
+
+
+def _edit_config(folder: Path, **changes: Any) -> None:
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            config[section][field] = value
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+def _edit_tensors(folder: Path, change: Any) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
+def test_missing_folder_is_not_found(tmp_path: Path) -> None:
+    with pytest.raises(StitchNotFoundError):
+        load_stitch(tmp_path / "nope")
+    with pytest.raises(StitchNotFoundError):
+        read_stitch_config(tmp_path / "nope")
+
+
+def test_unknown_architecture(saved: Path) -> None:
+    _edit_config(saved, architecture="transformer")
+    with pytest.raises(UnknownArchitectureError, match="transformer"):
+        load_stitch(saved)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": "other"}, "lead-stitch"),
+        ({"format_version": 2}, "format_version"),
+        ({"weight_orientation": "(d_src, d_tgt)"}, "weight_orientation"),
+        ({"weight_orientation": None}, "weight_orientation"),
+        ({"source__dim": 0}, "source.dim"),
+        ({"target__dim": "3"}, "target.dim"),
+        ({"source": None}, "source"),
+    ],
+)
+def test_bad_config_is_a_format_error(saved: Path, changes: dict[str, Any], message: str) -> None:
+    _edit_config(saved, **changes)
+    with pytest.raises(StitchFormatError, match=message):
+        load_stitch(saved)
+
+
+def test_dimension_that_disagrees_with_the_tensors(saved: Path) -> None:
+    _edit_config(saved, source__dim=4, tensors=None)
+    with pytest.raises(StitchFormatError, match=r"'source_mean' has shape \[5\], expected \[4\]"):
+        load_stitch(saved)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.update(weight=torch.zeros(5, 3)), "tensor 'weight' has shape"),
+        (lambda t: t.pop("target_mean"), "tensor 'target_mean' is missing"),
+        (lambda t: t.update(bias=torch.zeros(3)), "unexpected tensor 'bias'"),
+        (lambda t: t.update(weight=torch.full((3, 5), float("nan"))), "'weight' must be finite"),
+    ],
+)
+def test_bad_tensors_are_format_errors(saved: Path, change: Any, message: str) -> None:
+    _edit_tensors(saved, change)
+    with pytest.raises(StitchFormatError, match=message):
+        load_stitch(saved)
+
+
+def test_tensors_declared_in_config_must_match(saved: Path) -> None:
+    _edit_config(saved, tensors={"weight": [3, 5], "source_mean": [5]})
+    with pytest.raises(StitchFormatError, match="'target_mean' is missing"):
+        load_stitch(saved)
+
+
+def test_missing_or_corrupt_files_are_format_errors(saved: Path) -> None:
+    (saved / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(StitchFormatError, match="cannot read"):
+        load_stitch(saved)
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(StitchFormatError, match=r"model\.safetensors"):
+        load_stitch(saved)
+    (saved / "config.json").write_text("{")
+    with pytest.raises(StitchFormatError):
+        load_stitch(saved)
+    (saved / "config.json").unlink()
+    with pytest.raises(StitchFormatError, match=r"config\.json"):
+        load_stitch(saved)
+
+
+def test_bad_architecture_parameters(tmp_path: Path) -> None:
+    folder = save_stitch(_mlp(), tmp_path / "mlp")
+    _edit_config(folder, hidden_dim=0)
+    with pytest.raises(StitchFormatError, match="cannot build"):
+        load_stitch(folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["hidden_dim"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StitchFormatError, match="hidden_dim"):
+        load_stitch(folder)
+
+
+# --- Hugging Face Hub ----------------------------------------------------------------------
+
+
+def _cache_repo(
+    cache: Path, repo_id: str, folder: Path, commit: str, refs: tuple[str, ...]
+) -> None:
+    """Lay a stitch out as huggingface_hub's cache does: blobs, snapshot symlinks, refs."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for name in ARTIFACT_FILES:
+        data = (folder / name).read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved: Path) -> Path:
+    cache = tmp_path / "hf-cache"
+    _cache_repo(cache, "lead-org/toy-stitch", saved, COMMIT, ("main", "v1"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+@pytest.mark.parametrize(
+    ("spec", "revision"),
+    [
+        ("lead-org/toy-stitch", None),
+        ("lead-org/toy-stitch@v1", None),
+        (f"lead-org/toy-stitch@{COMMIT}", None),
+        ("lead-org/toy-stitch", "main"),
+    ],
+)
+def test_load_from_the_hub_cache_offline(
+    offline_cache: Path, saved: Path, spec: str, revision: str | None
+) -> None:
+    stitch = load_stitch(spec, revision=revision)
+    local = load_stitch(saved)
+    for name, tensor in local.state_dict().items():
+        assert torch.equal(tensor, stitch.state_dict()[name])
+    assert stitch.info == local.info
+
+
+def test_offline_hub_miss_is_not_found(offline_cache: Path) -> None:
+    with pytest.raises(StitchNotFoundError, match="HF_HUB_OFFLINE"):
+        load_stitch("lead-org/other-stitch")
+    with pytest.raises(StitchNotFoundError):
+        load_stitch("lead-org/toy-stitch@v2")
+
+
+def test_revision_must_agree_with_the_id(offline_cache: Path) -> None:
+    with pytest.raises(InvalidInputError, match="disagrees"):
+        load_stitch("lead-org/toy-stitch@v1", revision="main")
+
+
+def test_not_a_folder_nor_a_repo_id(tmp_path: Path) -> None:
+    with pytest.raises(StitchNotFoundError):
+        load_stitch("a/b/c")
+    with pytest.raises(StitchNotFoundError):
+        load_stitch("just-a-name")
+
+
+def test_hub_failures_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def unreachable(*args: Any, **kwargs: Any) -> str:
+        raise hf_errors.LocalEntryNotFoundError("connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    with pytest.raises(HubError, match="connection refused"):
+        load_stitch("lead-org/toy-stitch")
+
+
+def test_push_stitch_uploads_the_three_files(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: dict[str, Any] = {}
+
+    class FakeApi:
+        def __init__(self, token: str | None = None) -> None:
+            calls["token"] = token
+
+        def create_repo(self, repo_id: str, **kwargs: Any) -> None:
+            calls["repo"] = repo_id
+
+        def create_branch(self, repo_id: str, *, branch: str, **kwargs: Any) -> None:
+            calls["branch"] = branch
+
+        def upload_folder(self, **kwargs: Any) -> Any:
+            calls["upload"] = kwargs
+            return type("Commit", (), {"oid": "f" * 40})()
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    assert (
+        push_stitch(saved, "lead-org/toy", token="t", revision="dev") == "lead-org/toy@" + "f" * 40
+    )
+    assert calls["token"] == "t" and calls["branch"] == "dev"
+    assert calls["upload"]["allow_patterns"] == list(ARTIFACT_FILES)
+    assert calls["upload"]["folder_path"] == str(saved)
+
+
+def test_push_refuses_an_invalid_folder(tmp_path: Path) -> None:
+    with pytest.raises(StitchNotFoundError):
+        push_stitch(tmp_path / "nope", "lead-org/toy")
+
+
+@pytest.mark.network
+def test_push_and_load_on_the_live_hub(saved: Path) -> None:
+    repo = os.environ.get("LEAD_TEST_HUB_REPO")
+    if not repo or not os.environ.get("HF_TOKEN"):
+        pytest.skip("set LEAD_TEST_HUB_REPO and HF_TOKEN to test against the live Hub")
+    stitch_id = push_stitch(saved, repo)
+    loaded = load_stitch(stitch_id)
+    assert torch.equal(loaded.weight, load_stitch(saved).weight)

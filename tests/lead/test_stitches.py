@@ -1,0 +1,99 @@
+"""Stitch modules: shapes, centring, normalisation, registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lead.errors import ShapeMismatchError, UnknownArchitectureError
+from lead.stitches import (
+    STITCH_REGISTRY,
+    AffineStitch,
+    MLPStitch,
+    OrthogonalStitch,
+    StitchInfo,
+    stitch_class,
+)
+
+
+def _randomise(stitch: torch.nn.Module, seed: int = 0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in stitch.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+
+
+@pytest.mark.parametrize("cls", [AffineStitch, OrthogonalStitch, MLPStitch])
+def test_forward_maps_n_by_d_src_to_n_by_d_tgt(cls: type) -> None:
+    stitch = cls(6, 4)
+    _randomise(stitch)
+    y = stitch(torch.randn(5, 6))
+    assert y.shape == (5, 4) and y.dtype == torch.float32
+    assert torch.isfinite(y).all()
+    y64 = stitch.double()(torch.randn(3, 6, dtype=torch.float64))
+    assert y64.dtype == torch.float64
+
+
+def test_affine_stitch_computes_centred_affine_map() -> None:
+    stitch = AffineStitch(3, 2)
+    _randomise(stitch)
+    x = torch.randn(4, 3)
+    expected = (x - stitch.source_mean) @ stitch.weight.T + stitch.target_mean
+    assert torch.allclose(stitch(x), expected)
+
+
+def test_orthogonal_stitch_applies_per_dimension_scale() -> None:
+    stitch = OrthogonalStitch(3, 3, scaling=True)
+    _randomise(stitch)
+    x = torch.randn(4, 3)
+    expected = ((x - stitch.source_mean) @ stitch.weight.T) * stitch.scale + stitch.target_mean
+    assert torch.allclose(stitch(x), expected)
+    assert stitch.get_config() == {"scaling": True}
+
+
+def test_untrained_mlp_stitch_equals_its_affine_part() -> None:
+    mlp = MLPStitch(5, 3, hidden_dim=8, depth=2)
+    affine = AffineStitch(5, 3)
+    with torch.no_grad():
+        w = torch.randn(3, 5)
+        mlp.weight.copy_(w)
+        affine.weight.copy_(w)
+    x = torch.randn(7, 5)
+    assert torch.allclose(mlp(x), affine(x))
+    assert mlp.get_config() == {"hidden_dim": 8, "depth": 2}
+
+
+def test_normalize_output_gives_unit_rows() -> None:
+    stitch = AffineStitch(4, 4, normalize_output=True)
+    _randomise(stitch)
+    norms = stitch(torch.randn(6, 4)).norm(dim=1)
+    assert torch.allclose(norms, torch.ones(6), atol=1e-6)
+
+
+def test_forward_rejects_wrong_input_dimension() -> None:
+    with pytest.raises(ShapeMismatchError) as info:
+        AffineStitch(4, 2)(torch.randn(3, 5))
+    assert info.value.expected == 4
+    with pytest.raises(ShapeMismatchError):
+        AffineStitch(4, 2)(torch.randn(4))
+
+
+@pytest.mark.parametrize(("d_src", "d_tgt"), [(0, 3), (3, 0)])
+def test_dimensions_must_be_positive(d_src: int, d_tgt: int) -> None:
+    with pytest.raises(ShapeMismatchError):
+        AffineStitch(d_src, d_tgt)
+    with pytest.raises(ShapeMismatchError):
+        MLPStitch(3, 3, hidden_dim=0)
+
+
+def test_registry_resolves_names_and_rejects_unknown_ones() -> None:
+    assert set(STITCH_REGISTRY) == {"affine", "orthogonal", "mlp"}
+    assert stitch_class("orthogonal") is OrthogonalStitch
+    with pytest.raises(UnknownArchitectureError, match="known: affine"):
+        stitch_class("lstm")
+
+
+def test_stitch_info_defaults_and_dict() -> None:
+    info = StitchInfo(source_model="a", target_model="b")
+    assert info.to_dict()["fit"] == {} and info.scorecard is None
+    assert AffineStitch(2, 2).info == StitchInfo()

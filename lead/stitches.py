@@ -103,8 +103,7 @@ class Stitch(nn.Module):
         """Architecture parameters, the keys of :attr:`config_keys`."""
         return {key: getattr(self, key) for key in self.config_keys}
 
-    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
-        """The map without the target mean: ``x_centred = x - source_mean``."""
+    def _map(self, x_centred: Tensor) -> Tensor:
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
@@ -131,7 +130,7 @@ class Stitch(nn.Module):
                 expected=self.d_src,
                 got=tuple(x.shape),
             )
-        y = self._map(x - self.source_mean, x) + self.target_mean
+        y = self._map(x - self.source_mean) + self.target_mean
         if self.normalize_output:
             y = nn.functional.normalize(y, dim=1)
         return y
@@ -150,7 +149,7 @@ class AffineStitch(Stitch):
         super().__init__(d_src, d_tgt, **kwargs)
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
 
-    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
+    def _map(self, x_centred: Tensor) -> Tensor:
         return x_centred @ self.weight.T
 
 
@@ -171,17 +170,15 @@ class OrthogonalStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         self.scale = nn.Parameter(torch.ones(d_tgt))
 
-    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
+    def _map(self, x_centred: Tensor) -> Tensor:
         return (x_centred @ self.weight.T) * self.scale
 
 
 class MLPStitch(Stitch):
-    r"""Affine map plus a residual MLP: :math:`y = W (x - \mu_x) + f(x / \lVert x \rVert) + \mu_y`.
+    r"""Affine map plus a residual MLP: :math:`y = W x_c + f(x_c) + \mu_y`, :math:`x_c = x - \mu_x`.
 
     ``f`` is ``depth`` blocks of Linear → GELU (width ``hidden_dim``) and a final Linear to
-    ``d_tgt`` that starts at zero, so an untrained MLP stitch equals its affine part. The
-    MLP sees the direction of ``x`` (embeddings are compared by angle), which keeps its
-    hidden units in the range they were fitted for whatever the input norm.
+    ``d_tgt`` that starts at zero, so an untrained MLP stitch equals its affine part.
     Tensors: ``weight`` ``(d_tgt, d_src)``, ``mlp.{i}.weight`` / ``mlp.{i}.bias`` of
     ``nn.Linear`` layers, ``source_mean``, ``target_mean``.
     """
@@ -213,8 +210,8 @@ class MLPStitch(Stitch):
         layers.append(last)
         self.mlp = nn.Sequential(*layers)
 
-    def _map(self, x_centred: Tensor, x: Tensor) -> Tensor:
-        return x_centred @ self.weight.T + self.mlp(nn.functional.normalize(x, dim=1))
+    def _map(self, x_centred: Tensor) -> Tensor:
+        return x_centred @ self.weight.T + self.mlp(x_centred)
 
 
 #: Architecture name → stitch class. The only way a config names a class.

@@ -1,0 +1,111 @@
+"""The app factory: ``uvicorn service.app:create_app --factory``.
+
+Everything is built per app (no import-time globals): settings, Prometheus registry,
+concurrency limiter here; the stitch registry in the lifespan, which loads the configured
+stitches onto the configured device (in a background thread unless
+``LEAD_LOAD_IN_BACKGROUND=false``) while ``/readyz`` answers 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+import lead
+from service.errors import install_error_handlers
+from service.jobs.manager import JobManager
+from service.limits import BodyLimitMiddleware, ConcurrencyLimiter
+from service.loader import configured_refs, load_stitches, resolve_device
+from service.observability import Metrics, RequestContextMiddleware, configure_logging
+from service.openapi import build_openapi
+from service.registry import StitchRegistry
+from service.routes import include_routers
+from service.settings import Settings
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger("lead.service")
+
+#: Room for multipart boundaries and headers around an uploaded dataset file.
+_MULTIPART_OVERHEAD = 64 * 1024
+
+_DESCRIPTION = """\
+Translate embedding vectors from one model's space into another's through trained
+stitches. Responses follow the OpenAI embeddings conventions; every error has the body
+`{"error": {"type", "code", "message", "param", "request_id"}}` and every response an
+`X-Request-ID` header. When API keys are configured, every route except `/healthz`,
+`/readyz` and `/metrics` needs `Authorization: Bearer <key>`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service.
+
+    Parameters
+    ----------
+    settings : Settings, optional
+        Defaults to ``Settings()``, read from ``LEAD_*`` environment variables.
+
+    Raises
+    ------
+    RuntimeError
+        If ``settings.device`` asks for CUDA and none is available.
+    """
+    settings = settings if settings is not None else Settings()
+    configure_logging(settings.log_level)
+    device = resolve_device(settings.device)
+    dtype: torch.dtype = getattr(torch, settings.dtype)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        torch.set_num_threads(settings.torch_threads)  # process-wide: this is the server
+        registry = StitchRegistry(device, dtype)
+        refs = configured_refs(settings)
+        registry.expect([ref.id for ref in refs])
+        app.state.registry = registry
+        logger.info("serving %d configured stitch(es) on %s (%s)", len(refs), device, dtype)
+        if not refs:
+            logger.warning("no stitches to serve: set LEAD_STITCHES or put stitches in models/")
+        if settings.load_in_background:
+            threading.Thread(
+                target=load_stitches, args=(registry, refs), name="lead-loader", daemon=True
+            ).start()
+        else:
+            await run_in_threadpool(load_stitches, registry, refs)
+        jobs = JobManager(settings, registry) if settings.enable_jobs else None
+        if jobs is not None:
+            await run_in_threadpool(jobs.start)
+            app.state.jobs = jobs
+        try:
+            yield
+        finally:
+            registry.closed.set()
+            if jobs is not None:
+                await run_in_threadpool(jobs.stop)
+
+    app = FastAPI(
+        title="LEAD translation service",
+        version=lead.__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests)
+    install_error_handlers(app)
+    include_routers(app)
+    # add_middleware puts each one outermost: the request id wraps the body limit.
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
+    )
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
+    return app

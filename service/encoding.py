@@ -1,0 +1,196 @@
+"""Vectors on the wire: JSON float arrays or base64 strings of little-endian float32.
+
+Base64 goes through pybase64 (SIMD); a whole batch is decoded or encoded in one call when
+a row's bytes are a multiple of 3 (no padding inside the joined string).
+
+Decoding goes straight into one C-contiguous, writable ``float32`` array of shape
+``(n, d_src)``; every error names the offending ``input[i]``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from numbers import Real
+from typing import Any, Literal
+
+import numpy as np
+import pybase64  # SIMD base64, API of the standard library's; ~30x faster on big batches
+
+from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
+
+__all__ = ["EncodingFormat", "check_finite", "decode_vectors", "encode_vectors"]
+
+EncodingFormat = Literal["float", "base64"]
+
+_LE_F32 = np.dtype("<f4")
+
+
+def decode_vectors(items: Any, d_src: int) -> np.ndarray:
+    """Decode the request's ``input`` into one array.
+
+    Parameters
+    ----------
+    items : list of list of float, or list of str
+        Float arrays, or base64 strings of ``4 * d_src`` little-endian float32 bytes each.
+    d_src : int
+        The dimension the (first) stitch expects.
+
+    Returns
+    -------
+    ndarray of shape (n, d_src), float32
+        Writable and C-contiguous, finite.
+
+    Raises
+    ------
+    InvalidInputError
+        ``input`` is not a non-empty list of arrays / strings, or mixes the two.
+    DecodeError
+        A string that is not base64, or whose bytes are not whole float32 values.
+    ShapeMismatchError
+        A vector (named by index) whose dimension is not ``d_src``.
+    NonFiniteError
+        A vector with NaN or infinity.
+    """
+    if not isinstance(items, list):
+        raise InvalidInputError(
+            "input must be a list of vectors (float arrays or base64 strings)", param="input"
+        )
+    if not items:
+        raise InvalidInputError("input is empty; send at least one vector", param="input")
+    if isinstance(items[0], str):
+        array = _decode_base64(items, d_src)
+    else:
+        array = _decode_floats(items, d_src)
+    check_finite(array, what="input", param="input")
+    return array
+
+
+def check_finite(array: np.ndarray, *, what: str, param: str | None = None) -> None:
+    """Raise :class:`NonFiniteError` naming the first row with NaN or infinity."""
+    if np.isfinite(array).all():
+        return
+    row = int(np.flatnonzero(~np.isfinite(array).all(axis=1))[0])
+    raise NonFiniteError(
+        f"{what}[{row}] contains NaN or infinity (after conversion to float32)",
+        param=f"{param}[{row}]" if param else None,
+    )
+
+
+def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
+    n_bytes = 4 * d_src
+    if n_bytes % 3 == 0:  # unpadded strings: decode the whole batch in one call
+        n_chars = n_bytes // 3 * 4
+        if all(type(item) is str and len(item) == n_chars for item in items):
+            try:
+                joined = bytearray(pybase64.b64decode("".join(items), validate=True))
+            except (binascii.Error, ValueError):
+                pass  # find and name the bad string below
+            else:
+                if len(joined) == n_bytes * len(items):  # else padding inside: check each
+                    array = np.frombuffer(joined, dtype=_LE_F32).reshape(len(items), d_src)
+                    return array.astype(np.float32, copy=False)
+    chunks: list[bytes] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise InvalidInputError(
+                f"input[{i}] is not a string: input must be all float arrays or all base64 strings",
+                param=f"input[{i}]",
+            )
+        try:
+            raw = pybase64.b64decode(item, validate=True)
+        except (binascii.Error, ValueError):
+            raise DecodeError(f"input[{i}] is not valid base64", param=f"input[{i}]") from None
+        if len(raw) != n_bytes:
+            if len(raw) % 4:
+                raise DecodeError(
+                    f"input[{i}] decodes to {len(raw)} bytes, not a whole number of float32 "
+                    f"values (4 bytes each; expected {n_bytes} bytes = {d_src} × 4)",
+                    param=f"input[{i}]",
+                )
+            raise ShapeMismatchError(
+                f"input[{i}] has {len(raw) // 4} dimensions ({len(raw)} bytes), but the stitch "
+                f"expects {d_src} ({n_bytes} bytes of little-endian float32)",
+                expected=d_src,
+                got=len(raw) // 4,
+                param=f"input[{i}]",
+            )
+        chunks.append(raw)
+    joined = bytearray(b"".join(chunks))
+    array = np.frombuffer(joined, dtype=_LE_F32).reshape(len(items), d_src)
+    return array.astype(np.float32, copy=False)
+
+
+def _decode_floats(items: list[Any], d_src: int) -> np.ndarray:
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = np.asarray(items)
+    except (ValueError, TypeError):
+        array = _diagnose_floats(items, d_src)
+    else:
+        if array.ndim != 2 or array.dtype.kind not in "fiu":
+            array = _diagnose_floats(items, d_src)
+    if array.shape[1] != d_src:
+        raise ShapeMismatchError(
+            f"input[0] has {array.shape[1]} dimensions, but the stitch expects {d_src}",
+            expected=d_src,
+            got=int(array.shape[1]),
+            param="input[0]",
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
+    """Find and raise the first problem of a batch that NumPy could not read as a matrix."""
+    lengths: set[int] = set()
+    for i, row in enumerate(items):
+        if not isinstance(row, list):
+            raise InvalidInputError(
+                f"input[{i}] is not an array of numbers: input must be all float arrays or all "
+                "base64 strings",
+                param=f"input[{i}]",
+            )
+        lengths.add(len(row))
+        if len(row) != d_src:
+            ragged = " (ragged batch: vectors of different lengths)" if len(lengths) > 1 else ""
+            raise ShapeMismatchError(
+                f"input[{i}] has {len(row)} dimensions, but the stitch expects {d_src}{ragged}",
+                expected=d_src,
+                got=len(row),
+                param=f"input[{i}]",
+            )
+        for value in row:
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise InvalidInputError(
+                    f"input[{i}] contains {type(value).__name__} {value!r:.40}, not a number",
+                    param=f"input[{i}]",
+                )
+    # Every row is a list of d_src numbers, yet NumPy made an object array: huge integers.
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.array(items, dtype=np.float64)
+    except (OverflowError, ValueError, TypeError):
+        raise InvalidInputError(
+            "input contains numbers that do not fit a float", param="input"
+        ) from None
+
+
+def encode_vectors(array: np.ndarray, encoding_format: EncodingFormat) -> list[Any]:
+    """One wire value per row of ``array`` (float32 of shape ``(n, d_tgt)``).
+
+    ``"float"`` gives the rows themselves (orjson serialises NumPy rows natively);
+    ``"base64"`` gives base64 strings of the rows' little-endian float32 bytes.
+    """
+    if encoding_format == "float":
+        return list(array)
+    data = np.ascontiguousarray(array, dtype=_LE_F32).tobytes()
+    n, d = array.shape
+    row_bytes = 4 * d
+    if row_bytes % 3 == 0:  # base64 of the whole buffer splits exactly at row boundaries
+        text = pybase64.b64encode_as_string(data)
+        step = row_bytes // 3 * 4
+        return [text[i * step : (i + 1) * step] for i in range(n)]
+    view = memoryview(data)
+    return [
+        pybase64.b64encode_as_string(view[i * row_bytes : (i + 1) * row_bytes]) for i in range(n)
+    ]

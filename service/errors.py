@@ -1,0 +1,242 @@
+"""The one place that maps exceptions to HTTP statuses, and the error envelope.
+
+Every error response, FastAPI's own 404/405/422 included, has the body::
+
+    {"error": {"type": ..., "code": ..., "message": ..., "param": ..., "request_id": ...}}
+
+:data:`ERROR_TABLE` maps each :class:`lead.errors.LeadError` class to a status, an
+OpenAI-style ``type`` and a ``code``; a class not listed uses its nearest listed base
+class. Anything else is a 500 whose message never shows internals (the traceback is
+logged with the request id).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
+
+from lead import errors as le
+
+__all__ = [
+    "ERROR_TABLE",
+    "REQUEST_ID_SCOPE_KEY",
+    "ErrorKind",
+    "error_response",
+    "install_error_handlers",
+    "lead_error_response",
+    "request_id_of",
+]
+
+logger = logging.getLogger("lead.service")
+
+#: Where the request-id middleware stores the id of the request in the ASGI scope.
+REQUEST_ID_SCOPE_KEY = "lead.request_id"
+
+
+class ErrorKind(NamedTuple):
+    status: int
+    type: str
+    code: str
+
+
+_INVALID = "invalid_request_error"
+
+#: Exception class → (HTTP status, error type, error code). Most specific first is not
+#: needed: the lookup walks each exception's MRO.
+ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
+    le.LeadError: ErrorKind(400, _INVALID, "invalid_request"),
+    le.InvalidInputError: ErrorKind(400, _INVALID, "invalid_input"),
+    le.DecodeError: ErrorKind(400, _INVALID, "decode_error"),
+    le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
+    le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),
+    le.TooFewPairsError: ErrorKind(422, _INVALID, "too_few_pairs"),
+    le.LimitExceededError: ErrorKind(422, _INVALID, "limit_exceeded"),
+    le.PayloadTooLargeError: ErrorKind(413, _INVALID, "payload_too_large"),
+    le.UnsupportedMediaTypeError: ErrorKind(415, _INVALID, "unsupported_media_type"),
+    le.StitchFormatError: ErrorKind(422, _INVALID, "stitch_format_error"),
+    le.NotFoundError: ErrorKind(404, "not_found_error", "not_found"),
+    le.StitchNotFoundError: ErrorKind(404, "not_found_error", "stitch_not_found"),
+    le.JobNotFoundError: ErrorKind(404, "not_found_error", "job_not_found"),
+    le.DatasetNotFoundError: ErrorKind(404, "not_found_error", "dataset_not_found"),
+    le.FitError: ErrorKind(422, _INVALID, "fit_failed"),
+    le.NonFiniteOutputError: ErrorKind(422, _INVALID, "non_finite_output"),
+    le.AuthenticationError: ErrorKind(401, "authentication_error", "invalid_api_key"),
+    le.ConflictError: ErrorKind(409, _INVALID, "conflict"),
+    le.IdempotencyKeyReusedError: ErrorKind(422, _INVALID, "idempotency_key_reused"),
+    le.OverloadedError: ErrorKind(429, "rate_limit_error", "overloaded"),
+    le.NotReadyError: ErrorKind(503, "service_unavailable_error", "not_ready"),
+    le.JobCancelledError: ErrorKind(409, _INVALID, "job_cancelled"),
+    le.HubError: ErrorKind(502, "server_error", "hub_error"),
+}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "overloaded",
+}
+
+
+def kind_of(exc: le.LeadError) -> ErrorKind:
+    """The table entry of the nearest listed class in ``type(exc)``'s MRO."""
+    for cls in type(exc).__mro__:
+        if cls in ERROR_TABLE:
+            return ERROR_TABLE[cls]
+    return ERROR_TABLE[le.LeadError]
+
+
+def request_id_of(scope: Scope) -> str | None:
+    """The request id the request-id middleware gave this request, if any."""
+    value = scope.get(REQUEST_ID_SCOPE_KEY)
+    return value if isinstance(value, str) else None
+
+
+def error_response(
+    status: int,
+    type_: str,
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    request_id: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A response with the error envelope."""
+    body = {
+        "error": {
+            "type": type_,
+            "code": code,
+            "message": message,
+            "param": param,
+            "request_id": request_id,
+        }
+    }
+    all_headers = dict(headers or {})
+    if request_id:
+        all_headers["X-Request-ID"] = request_id
+    return JSONResponse(body, status_code=status, headers=all_headers)
+
+
+def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:
+    """Map a :class:`~lead.errors.LeadError` to its status, type, code and headers."""
+    kind = kind_of(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, le.AuthenticationError):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, le.OverloadedError | le.NotReadyError):
+        headers["Retry-After"] = str(exc.retry_after)
+    return error_response(
+        kind.status,
+        kind.type,
+        kind.code,
+        exc.message,
+        param=exc.param,
+        request_id=request_id_of(scope),
+        headers=headers,
+    )
+
+
+async def _on_lead_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, le.LeadError)
+    return lead_error_response(exc, request.scope)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    # A LeadError raised while FastAPI reads a body (e.g. the body limit) arrives wrapped.
+    if isinstance(exc.__cause__, le.LeadError):
+        return lead_error_response(exc.__cause__, request.scope)
+    status = exc.status_code
+    if status == 404:
+        message = f"no route {request.url.path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    type_ = "not_found_error" if status == 404 else _INVALID if status < 500 else "server_error"
+    return error_response(
+        status,
+        type_,
+        _HTTP_CODES.get(status, "http_error"),
+        message,
+        request_id=request_id_of(request.scope),
+        headers=dict(exc.headers or {}),
+    )
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if not parts:
+        return None
+    text = parts[0]
+    for part in parts[1:]:
+        text += f"[{part}]" if part.isdigit() else f".{part}"
+    return text
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first: dict[str, Any] = errors[0] if errors else {}
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "JSON decode error")
+        return error_response(
+            400,
+            _INVALID,
+            "invalid_json",
+            f"request body is not valid JSON: {detail}",
+            request_id=request_id_of(request.scope),
+        )
+    param = _loc_to_param(loc)
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return error_response(
+        422,
+        _INVALID,
+        "validation_error",
+        message,
+        param=param,
+        request_id=request_id_of(request.scope),
+    )
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    request_id = request_id_of(request.scope)
+    logger.error(
+        "unhandled error on %s %s (request %s)",
+        request.method,
+        request.url.path,
+        request_id,
+        exc_info=exc,
+    )
+    return error_response(
+        500,
+        "server_error",
+        "internal_error",
+        "internal server error; quote the request id when reporting it",
+        request_id=request_id,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the envelope handlers on ``app`` (LeadError, HTTP, validation, catch-all)."""
+    app.add_exception_handler(le.LeadError, _on_lead_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(Exception, _on_unexpected)

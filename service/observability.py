@@ -1,0 +1,136 @@
+"""Request ids and Prometheus metrics, on a per-app :class:`CollectorRegistry`.
+
+:class:`RequestContextMiddleware` is a pure ASGI middleware: it gives every HTTP request
+an id (an incoming ``X-Request-ID`` when it looks sane, else a fresh one), echoes it in
+the response headers, and records the request count and latency by route template
+(``/v1/stitches/{stitch_id:path}``, never the raw path, so label sets stay bounded).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import REQUEST_ID_SCOPE_KEY
+
+__all__ = ["Metrics", "RequestContextMiddleware", "configure_logging", "new_request_id"]
+
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Metrics:
+    """The service's Prometheus metrics, registered on their own registry."""
+
+    registry: CollectorRegistry = field(
+        default_factory=lambda: CollectorRegistry(auto_describe=True)
+    )
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "lead_http_requests_total",
+            "HTTP requests by route template, method and status.",
+            ("route", "method", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "lead_http_request_duration_seconds",
+            "Time from receiving a request to sending its last byte.",
+            ("route", "method"),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "lead_http_requests_in_flight",
+            "HTTP requests being handled.",
+            registry=self.registry,
+        )
+        self.vectors = Counter(
+            "lead_vectors_translated_total",
+            "Vectors translated, by stitch id (each stitch of a chain counts).",
+            ("stitch",),
+            registry=self.registry,
+        )
+        self.stitches = Gauge(
+            "lead_stitches",
+            "Configured stitches by state.",
+            ("state",),
+            registry=self.registry,
+        )
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _incoming_request_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _SANE_REQUEST_ID.match(text) else None
+    return None
+
+
+def _route_label(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class RequestContextMiddleware:
+    """Request id + request metrics for every HTTP request."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _incoming_request_id(scope) or new_request_id()
+        scope[REQUEST_ID_SCOPE_KEY] = request_id
+        status = 500
+        start = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = MutableHeaders(scope=message)
+                if "x-request-id" not in headers:
+                    headers.append("X-Request-ID", request_id)
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.metrics.in_flight.dec()
+            route = _route_label(scope)
+            method = scope.get("method", "")
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.latency.labels(route, method).observe(time.perf_counter() - start)
+
+
+def configure_logging(level: str) -> None:
+    """Set the ``lead`` loggers' level; give them a stderr handler when nothing else logs.
+
+    Uvicorn configures only its own loggers, so without this the start-up report (which
+    stitches loaded, which failed) would show warnings and errors only.
+    """
+    logger = logging.getLogger("lead")
+    logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s - %(message)s"))
+        logger.addHandler(handler)

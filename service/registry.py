@@ -1,0 +1,232 @@
+"""The loaded stitches: lookup by id, by (source model, target model), and shortest chains.
+
+:class:`StitchRegistry` is thread-safe: the start-up loader (a thread), training jobs
+(:meth:`StitchRegistry.register` at run time) and request threads share it. Every stitch
+passes a test vector before it is served: a forward on a fixed batch must give finite
+output of the right shape.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from lead.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotReadyError,
+    StitchFormatError,
+    StitchNotFoundError,
+)
+from lead.stitches import Stitch
+from service.routing import Origin, Route, StitchEntry, probe_stitch, shortest_chain
+
+__all__ = ["LoadFailure", "Readiness", "Route", "StitchEntry", "StitchRegistry"]
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A configured stitch that could not be loaded or failed its test vector."""
+
+    id: str
+    error: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: list[str]
+    pending: list[str]
+    failed: list[LoadFailure]
+    loading: bool
+
+    @property
+    def is_ready(self) -> bool:
+        return not self.pending and not self.failed and not self.loading
+
+
+class StitchRegistry:
+    """Stitches served by one app, on one device and dtype.
+
+    Parameters
+    ----------
+    device : torch.device
+    dtype : torch.dtype
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+        self.device = device
+        self.dtype = dtype
+        self._lock = threading.Lock()
+        self._entries: dict[str, StitchEntry] = {}
+        self._pending: set[str] = set()
+        self._failures: dict[str, LoadFailure] = {}
+        self._model_dims: dict[str, int] = {}
+        self._loading = False
+        self.closed = threading.Event()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def expect(self, stitch_ids: list[str]) -> None:
+        """Mark configured stitches as pending (``/readyz`` answers 503 until they load)."""
+        with self._lock:
+            self._loading = True
+            self._pending.update(stitch_ids)
+
+    def finish_loading(self) -> None:
+        with self._lock:
+            self._loading = False
+
+    def fail(self, stitch_id: str, exc: BaseException) -> LoadFailure:
+        """Record that a configured stitch failed to load."""
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        failure = LoadFailure(stitch_id, type(exc).__name__, message)
+        with self._lock:
+            self._pending.discard(stitch_id)
+            self._failures[stitch_id] = failure
+        return failure
+
+    def register(
+        self,
+        stitch_id: str,
+        stitch: Stitch,
+        *,
+        origin: Origin = "job",
+        revision: str | None = None,
+        replace: bool = False,
+    ) -> StitchEntry:
+        """Serve ``stitch`` under ``stitch_id`` (moved to the registry's device and dtype).
+
+        Safe to call from any thread, at start-up or at run time.
+
+        Raises
+        ------
+        ConflictError
+            If the id is taken and ``replace`` is false.
+        StitchFormatError
+            If a model's dimension disagrees with a stitch already served.
+        NonFiniteOutputError
+            If the stitch fails its test vector.
+        """
+        stitch = stitch.to(device=self.device, dtype=self.dtype).eval()
+        probe_stitch(stitch, self.device, self.dtype)
+        entry = StitchEntry(stitch_id, stitch, origin, revision)
+        with self._lock:
+            if stitch_id in self._entries and not replace:
+                raise ConflictError(f"a stitch with id {stitch_id!r} is already served")
+            for model, dim in (
+                (entry.source_model, stitch.d_src),
+                (entry.target_model, stitch.d_tgt),
+            ):
+                known = self._model_dims.get(model)
+                if known is not None and known != dim:
+                    raise StitchFormatError(
+                        f"stitch {stitch_id!r} gives model {model!r} dimension {dim}, but "
+                        f"another stitch gives it {known}"
+                    )
+            self._model_dims.setdefault(entry.source_model, stitch.d_src)
+            self._model_dims.setdefault(entry.target_model, stitch.d_tgt)
+            self._entries[stitch_id] = entry
+            self._pending.discard(stitch_id)
+            self._failures.pop(stitch_id, None)
+        return entry
+
+    # -- lookup ----------------------------------------------------------------------------
+
+    def __contains__(self, stitch_id: object) -> bool:
+        with self._lock:
+            return stitch_id in self._entries or stitch_id in self._pending
+
+    def entries(self) -> list[StitchEntry]:
+        """Served stitches, sorted by id."""
+        with self._lock:
+            return [self._entries[k] for k in sorted(self._entries)]
+
+    def readiness(self) -> Readiness:
+        with self._lock:
+            return Readiness(
+                ready=sorted(self._entries),
+                pending=sorted(self._pending),
+                failed=[self._failures[k] for k in sorted(self._failures)],
+                loading=self._loading,
+            )
+
+    def get(self, stitch_id: str) -> StitchEntry:
+        """The stitch served as ``stitch_id``.
+
+        Raises
+        ------
+        NotReadyError
+            If it is configured but still loading.
+        StitchNotFoundError
+            If no such stitch is served (the message says why when it failed to load).
+        """
+        with self._lock:
+            entry = self._entries.get(stitch_id)
+            if entry is not None:
+                return entry
+            if stitch_id in self._pending:
+                raise NotReadyError(f"stitch {stitch_id!r} is still loading")
+            failure = self._failures.get(stitch_id)
+            known = sorted(self._entries)
+        if failure is not None:
+            raise StitchNotFoundError(
+                f"stitch {stitch_id!r} failed to load at start-up ({failure.error}: "
+                f"{failure.message}); see /readyz",
+                param="stitch",
+            )
+        raise StitchNotFoundError(
+            f"no stitch {stitch_id!r}; served: {', '.join(known) or 'none'}", param="stitch"
+        )
+
+    def route_for_id(self, stitch_id: str) -> Route:
+        return Route((self.get(stitch_id),), self.device, self.dtype)
+
+    def route(self, source_model: str, target_model: str, *, strict: bool = False) -> Route:
+        """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.
+
+        Breadth-first search over the model graph (an edge per stitch; ties broken by stitch
+        id), so a chain has the fewest stitches possible.
+
+        Raises
+        ------
+        InvalidInputError
+            If the two models are the same.
+        StitchNotFoundError
+            If a model is unknown, no chain exists, or only a chain exists and ``strict``.
+        NotReadyError
+            If nothing matched while configured stitches are still loading.
+        """
+        if source_model == target_model:
+            raise InvalidInputError(
+                f"source_model and target_model are both {source_model!r}", param="target_model"
+            )
+        with self._lock:
+            entries = [self._entries[k] for k in sorted(self._entries)]
+            still_loading = bool(self._pending)
+        path = shortest_chain(entries, source_model, target_model)
+        if path is None:
+            if still_loading:
+                raise NotReadyError("stitches are still loading; no route between those models yet")
+            models = sorted({e.source_model for e in entries} | {e.target_model for e in entries})
+            for name, model in (("source_model", source_model), ("target_model", target_model)):
+                if model not in models:
+                    raise StitchNotFoundError(
+                        f"no served stitch involves model {model!r}; known models: "
+                        f"{', '.join(models) or 'none'}",
+                        param=name,
+                    )
+            raise StitchNotFoundError(
+                f"no stitch or chain of stitches from {source_model!r} to {target_model!r}",
+                param="target_model",
+            )
+        if strict and len(path) > 1:
+            chain = " → ".join(e.id for e in path)
+            raise StitchNotFoundError(
+                f"no direct stitch from {source_model!r} to {target_model!r}; a chain exists "
+                f"({chain}) but strict=true refuses chains",
+                param="strict",
+            )
+        return Route(tuple(path), self.device, self.dtype)

@@ -1,0 +1,77 @@
+"""Liveness, readiness and Prometheus metrics (never behind API keys)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.deps import MetricsDep, SettingsDep
+from service.registry import StitchRegistry
+from service.schemas import HealthOut, LoadFailureOut, ReadinessOut
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["health"])
+
+_NOT_READY_RETRY_AFTER = "5"
+
+
+@router.get("/healthz", response_model=HealthOut, summary="Liveness")
+async def healthz() -> HealthOut:
+    """200 while the process serves HTTP."""
+    return HealthOut()
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadinessOut,
+    summary="Readiness",
+    responses={503: {"model": ReadinessOut, "description": "Loading, or a stitch failed."}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    """200 once every configured stitch is loaded and has passed its test vector.
+
+    Otherwise 503 with ``Retry-After``, listing the stitches still pending and those that
+    failed (a failed stitch keeps the service unready until the configuration is fixed).
+    """
+    registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
+    if registry is None:
+        body = ReadinessOut(status="loading", ready=[], pending=[], failed=[])
+        return JSONResponse(
+            body.model_dump(), status_code=503, headers={"Retry-After": _NOT_READY_RETRY_AFTER}
+        )
+    state = registry.readiness()
+    status: Literal["ready", "loading", "failed"] = (
+        "ready" if state.is_ready else "failed" if state.failed else "loading"
+    )
+    body = ReadinessOut(
+        status=status,
+        ready=state.ready,
+        pending=state.pending,
+        failed=[LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in state.failed],
+    )
+    if state.is_ready:
+        return JSONResponse(body.model_dump())
+    return JSONResponse(
+        body.model_dump(), status_code=503, headers={"Retry-After": _NOT_READY_RETRY_AFTER}
+    )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+)
+async def metrics(request: Request, metrics: MetricsDep, settings: SettingsDep) -> Response:
+    """Request counts by route and status, latency histograms, vectors translated."""
+    registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
+    if registry is not None:
+        state = registry.readiness()
+        metrics.stitches.labels("ready").set(len(state.ready))
+        metrics.stitches.labels("pending").set(len(state.pending))
+        metrics.stitches.labels("failed").set(len(state.failed))
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

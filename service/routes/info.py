@@ -1,0 +1,31 @@
+"""``GET /v1/info``: version, device, limits, encodings."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+import lead
+from service.deps import RegistryDep, SettingsDep
+from service.schemas import InfoOut, LimitsOut, error_responses
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["info"])
+
+
+@router.get("/v1/info", response_model=InfoOut, responses=error_responses(401, 503))
+async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
+    """What this server runs and accepts."""
+    return InfoOut(
+        version=lead.__version__,
+        device=str(registry.device),
+        dtype=settings.dtype,
+        limits=LimitsOut(
+            max_vectors_per_request=settings.max_vectors,
+            max_body_bytes=settings.max_body_bytes,
+            max_concurrent_requests=settings.max_concurrent_requests,
+        ),
+        encodings=["float", "base64"],
+        auth=bool(settings.api_keys),
+        stitches=len(registry.entries()),
+    )

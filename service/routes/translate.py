@@ -1,0 +1,189 @@
+"""``POST /v1/translate``: vectors of one model's space into another's.
+
+Hot path: the raw body is parsed with orjson (pydantic validates only the small fields),
+decoded into one float32 array, run through the stitch (or chain) in one forward under
+``torch.inference_mode()``, checked for finiteness and serialised with orjson, all in a
+worker thread so that the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import torch
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
+from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep
+from service.encoding import decode_vectors, encode_vectors
+from service.observability import Metrics
+from service.registry import StitchRegistry
+from service.routing import Route
+from service.schemas import TranslateOptions, TranslateRequest, TranslateResponse, error_responses
+from service.settings import Settings
+
+__all__ = ["OPENAPI_MODELS", "router"]
+
+router = APIRouter(tags=["translate"])
+
+_B64_EXAMPLE = "AACAPwAAAEAAAEBAAACAQA=="  # [1, 2, 3, 4] as little-endian float32
+
+_REQUEST_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"$ref": "#/components/schemas/TranslateRequest"},
+                "examples": {
+                    "float": {
+                        "summary": "Float arrays, by stitch id",
+                        "value": {"stitch": "minilm-to-mpnet", "input": [[0.1, -0.2, 0.3, 0.05]]},
+                    },
+                    "base64": {
+                        "summary": "Base64 in and out, by models",
+                        "value": {
+                            "source_model": "sentence-transformers/all-MiniLM-L6-v2",
+                            "target_model": "sentence-transformers/all-mpnet-base-v2",
+                            "input": [_B64_EXAMPLE],
+                            "encoding_format": "base64",
+                        },
+                    },
+                },
+            }
+        },
+    }
+}
+
+
+def _check_content_type(request: Request) -> None:
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise UnsupportedMediaTypeError(
+            f"Content-Type must be application/json, got {content_type or 'none'!r}",
+            param="Content-Type",
+        )
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        orjson_error = str(exc)
+    # orjson refuses NaN / Infinity and numbers that overflow a double (1e999). Parse those
+    # with the standard library so that the finiteness check can name the vector (422).
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body",),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": orjson_error},
+                }
+            ]
+        ) from None
+
+
+def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
+    if not isinstance(payload, dict):
+        raise InvalidInputError("request body must be a JSON object", param="body")
+    if "input" not in payload:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
+        )
+    fields = {key: value for key, value in payload.items() if key != "input"}
+    try:
+        options = TranslateOptions.model_validate(fields)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        raise RequestValidationError(
+            [{**error, "loc": ("body", *error["loc"])} for error in errors]
+        ) from None
+    return options, payload["input"]
+
+
+def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
+    if options.stitch is not None:
+        return registry.route_for_id(options.stitch)
+    assert options.source_model is not None and options.target_model is not None
+    return registry.route(options.source_model, options.target_model, strict=options.strict)
+
+
+def _translate(
+    body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
+) -> bytes:
+    """Parse, decode, translate and serialise one request (runs in a worker thread)."""
+    if torch.get_num_threads() != settings.torch_threads:
+        # OpenMP keeps a thread count per calling thread: set it in this worker too.
+        torch.set_num_threads(settings.torch_threads)
+    options, items = _parse_options(_parse_json(body))
+    route = _find_route(registry, options)
+    if isinstance(items, list) and len(items) > settings.max_vectors:
+        raise LimitExceededError(
+            f"too many vectors: {len(items)} in one request; the limit is {settings.max_vectors}",
+            limit=settings.max_vectors,
+            got=len(items),
+            param="input",
+        )
+    x = decode_vectors(items, route.d_src)
+    y = route.translate(x, normalize=options.normalize)
+    encoded = encode_vectors(y, options.encoding_format)
+    ids = [entry.id for entry in route.entries]
+    response = {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": vector}
+            for i, vector in enumerate(encoded)
+        ],
+        "model": route.entries[-1].target_model,
+        "stitch": {
+            "id": None if route.is_chain else ids[0],
+            "chain": ids,
+            "models": route.models,
+        },
+        "usage": {"vectors": len(encoded)},
+    }
+    for stitch_id in ids:
+        metrics.vectors.labels(stitch_id).inc(len(encoded))
+    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@router.post(
+    "/v1/translate",
+    response_model=TranslateResponse,
+    summary="Translate vectors into another model's space",
+    openapi_extra=_REQUEST_BODY,
+    responses=error_responses(400, 401, 404, 413, 415, 422, 429, 503),
+)
+async def translate(
+    request: Request,
+    registry: RegistryDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    limiter: LimiterDep,
+) -> Response:
+    """Translate `input` with the stitch named by `stitch`, or by `source_model` +
+    `target_model` (through the shortest chain of stitches when no direct one exists,
+    unless `strict`). `data[i]` answers `input[i]`; `stitch.chain` names the stitches used.
+    """
+    _check_content_type(request)
+    async with limiter.slot(settings.retry_after_seconds):
+        body = await request.body()
+        content = await run_in_threadpool(_translate, body, registry, settings, metrics)
+    return Response(content, media_type="application/json")
+
+
+#: Models that the OpenAPI components must hold although no route declares them.
+OPENAPI_MODELS = (TranslateRequest,)

@@ -1,0 +1,150 @@
+"""Routes: one stitch or a chain of stitches, how to find the shortest, and how to run one.
+
+A :class:`Route` runs its stitches in one ``torch.inference_mode()`` forward and checks the
+output for NaN and infinity. :func:`shortest_chain` is a breadth-first search over the
+model graph (an edge per stitch), so a chain has the fewest stitches possible.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from lead.errors import NonFiniteOutputError, StitchFormatError
+from lead.stitches import Stitch
+
+__all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
+
+Origin = Literal["local", "hub", "job"]
+
+
+@dataclass(frozen=True)
+class StitchEntry:
+    """A served stitch and where it came from."""
+
+    id: str
+    stitch: Stitch
+    origin: Origin = "local"
+    revision: str | None = None
+
+    @property
+    def source_model(self) -> str:
+        return self.stitch.info.source_model
+
+    @property
+    def target_model(self) -> str:
+        return self.stitch.info.target_model
+
+
+@dataclass(frozen=True)
+class Route:
+    """One stitch, or a chain of stitches whose models join up, to apply in order."""
+
+    entries: tuple[StitchEntry, ...]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.entries) > 1
+
+    @property
+    def d_src(self) -> int:
+        return self.entries[0].stitch.d_src
+
+    @property
+    def d_tgt(self) -> int:
+        return self.entries[-1].stitch.d_tgt
+
+    @property
+    def models(self) -> list[str]:
+        return [self.entries[0].source_model] + [e.target_model for e in self.entries]
+
+    def translate(self, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+        """Apply the stitch (or chain) to ``x``.
+
+        Parameters
+        ----------
+        x : ndarray of shape (n, d_src), float32
+        normalize : bool
+            L2-normalise the output rows.
+
+        Returns
+        -------
+        ndarray of shape (n, d_tgt), float32, finite.
+
+        Raises
+        ------
+        NonFiniteOutputError
+            If any output row has NaN or infinity (the row is named).
+        """
+        with torch.inference_mode():
+            y = torch.from_numpy(x).to(device=self.device, dtype=self.dtype)
+            for entry in self.entries:
+                y = entry.stitch(y)
+            if normalize:
+                y = nn.functional.normalize(y, dim=1)
+            out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()
+        if not np.isfinite(out).all():  # NumPy: ~10x faster than torch.isfinite on CPU
+            row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
+            raise NonFiniteOutputError(
+                f"the stitch produced NaN or infinity for input[{row}] "
+                "(are its values far outside the source model's range?)",
+                param=f"input[{row}]",
+            )
+        return out
+
+
+def probe_stitch(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> None:
+    """Run the test vector through ``stitch``: a fixed, seeded batch of two unit vectors.
+
+    Raises
+    ------
+    StitchFormatError
+        If the output has the wrong shape.
+    NonFiniteOutputError
+        If the output has NaN or infinity.
+    """
+    generator = torch.Generator().manual_seed(0)
+    x = nn.functional.normalize(torch.randn(2, stitch.d_src, generator=generator), dim=1)
+    with torch.inference_mode():
+        y = stitch(x.to(device=device, dtype=dtype))
+    if tuple(y.shape) != (2, stitch.d_tgt):
+        raise StitchFormatError(
+            f"test vector gave output of shape {tuple(y.shape)}, expected (2, {stitch.d_tgt})"
+        )
+    if not bool(torch.isfinite(y).all()):
+        raise NonFiniteOutputError("test vector gave NaN or infinity")
+
+
+def shortest_chain(
+    entries: list[StitchEntry], source: str, target: str
+) -> list[StitchEntry] | None:
+    """The fewest stitches leading from model ``source`` to ``target`` (None if none).
+
+    ``entries`` must be sorted by id: ties are broken by the first stitch found.
+    """
+    outgoing: dict[str, list[StitchEntry]] = {}
+    for entry in entries:  # sorted by id: deterministic tie-breaking
+        outgoing.setdefault(entry.source_model, []).append(entry)
+    previous: dict[str, StitchEntry | None] = {source: None}
+    queue = deque([source])
+    while queue:
+        model = queue.popleft()
+        if model == target:
+            path: list[StitchEntry] = []
+            step = previous[model]
+            while step is not None:
+                path.append(step)
+                step = previous[step.source_model]
+            return path[::-1]
+        for entry in outgoing.get(model, []):
+            if entry.target_model not in previous:
+                previous[entry.target_model] = entry
+                queue.append(entry.target_model)
+    return None

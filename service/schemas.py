@@ -1,0 +1,228 @@
+"""Request and response models of the HTTP API (they are its OpenAPI documentation).
+
+The translate route parses its body with orjson on the hot path and validates only the
+small fields with :class:`TranslateOptions`; :class:`TranslateRequest` documents the whole
+body in the schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "EmbeddingOut",
+    "ErrorBody",
+    "ErrorEnvelope",
+    "HealthOut",
+    "InfoOut",
+    "LimitsOut",
+    "LoadFailureOut",
+    "ModelSide",
+    "ReadinessOut",
+    "StitchList",
+    "StitchOut",
+    "StitchUsed",
+    "TranslateOptions",
+    "TranslateRequest",
+    "TranslateResponse",
+    "Usage",
+    "error_responses",
+]
+
+
+class TranslateOptions(BaseModel):
+    """Everything in a translate request except ``input``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stitch: str | None = Field(
+        default=None,
+        description="Stitch id (`minilm-to-mpnet`, or `org/name@revision` for a Hub stitch). "
+        "Give either this or `source_model` + `target_model`.",
+    )
+    source_model: str | None = Field(default=None, description="Model that made the input.")
+    target_model: str | None = Field(default=None, description="Model whose space to map to.")
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float",
+        description="Output encoding: float arrays, or base64 of little-endian float32.",
+    )
+    normalize: bool = Field(default=False, description="L2-normalise the output vectors.")
+    strict: bool = Field(
+        default=False,
+        description="Refuse to translate through a chain of stitches when no direct one exists.",
+    )
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_stitch(self) -> TranslateOptions:
+        by_models = self.source_model is not None or self.target_model is not None
+        if self.stitch is not None and by_models:
+            raise ValueError("give either `stitch` or `source_model` + `target_model`, not both")
+        if self.stitch is None and (self.source_model is None or self.target_model is None):
+            raise ValueError("give `stitch`, or both `source_model` and `target_model`")
+        return self
+
+
+class TranslateRequest(TranslateOptions):
+    """Body of ``POST /v1/translate``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"stitch": "minilm-to-mpnet", "input": [[0.012, -0.034, 0.051, 0.007]]},
+                {
+                    "source_model": "sentence-transformers/all-MiniLM-L6-v2",
+                    "target_model": "sentence-transformers/all-mpnet-base-v2",
+                    "input": ["AACAPwAAAEAAAEBAAACAQA=="],
+                    "encoding_format": "base64",
+                },
+            ]
+        },
+    )
+
+    input: list[list[float]] | list[str] = Field(
+        min_length=1,
+        description="Vectors of the source model, `d_src` values each: float arrays, or base64 "
+        "strings of `4 * d_src` little-endian float32 bytes. `data[i]` answers `input[i]`.",
+    )
+
+
+class EmbeddingOut(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(
+        description="The translated vector: floats, or base64 of little-endian float32."
+    )
+
+
+class StitchUsed(BaseModel):
+    id: str | None = Field(description="The stitch id; null when a chain was used.")
+    chain: list[str] = Field(description="Stitch ids applied in order (one for a direct stitch).")
+    models: list[str] = Field(description="Models along the way, source first, target last.")
+
+
+class Usage(BaseModel):
+    vectors: int
+
+
+class TranslateResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "object": "list",
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.021, -0.013]}],
+                    "model": "sentence-transformers/all-mpnet-base-v2",
+                    "stitch": {
+                        "id": "minilm-to-mpnet",
+                        "chain": ["minilm-to-mpnet"],
+                        "models": [
+                            "sentence-transformers/all-MiniLM-L6-v2",
+                            "sentence-transformers/all-mpnet-base-v2",
+                        ],
+                    },
+                    "usage": {"vectors": 1},
+                }
+            ]
+        }
+    )
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingOut]
+    model: str = Field(description="The target model.")
+    stitch: StitchUsed
+    usage: Usage
+
+
+class ModelSide(BaseModel):
+    model: str
+    dim: int
+    normalized: bool
+    revision: str | None = None
+
+
+class StitchOut(BaseModel):
+    object: Literal["stitch"] = "stitch"
+    id: str
+    source: ModelSide
+    target: ModelSide
+    architecture: str
+    normalize_output: bool
+    origin: Literal["local", "hub", "job"]
+    revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")
+    fit: dict[str, Any] = Field(description="How the stitch was fitted.")
+    scorecard: dict[str, Any] | None = Field(description="Held-out scorecard (lead.Scorecard).")
+
+
+class StitchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[StitchOut]
+
+
+class LimitsOut(BaseModel):
+    max_vectors_per_request: int
+    max_body_bytes: int
+    max_concurrent_requests: int
+
+
+class InfoOut(BaseModel):
+    object: Literal["info"] = "info"
+    name: str = "lead"
+    version: str
+    device: str
+    dtype: str
+    limits: LimitsOut
+    encodings: list[str] = Field(description="Accepted input and output encodings.")
+    auth: bool = Field(description="Whether API keys are required.")
+    stitches: int = Field(description="Stitches served now.")
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class LoadFailureOut(BaseModel):
+    id: str
+    error: str
+    message: str
+
+
+class ReadinessOut(BaseModel):
+    status: Literal["ready", "loading", "failed"]
+    ready: list[str]
+    pending: list[str]
+    failed: list[LoadFailureOut]
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(examples=["invalid_request_error"])
+    code: str = Field(examples=["shape_mismatch"])
+    message: str = Field(examples=["input[3] has 768 dimensions, but the stitch expects 384"])
+    param: str | None = Field(default=None, examples=["input[3]"])
+    request_id: str | None = Field(default=None, examples=["5f0c6a3b2d8e4f1aa0b1c2d3e4f5a6b7"])
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorBody
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Malformed request: invalid JSON, bad base64, bytes that are not float32, empty input.",
+    401: "Missing or wrong API key (`Authorization: Bearer <key>`).",
+    404: "Unknown stitch, model or route.",
+    413: "Request body over the byte limit.",
+    415: "Content-Type is not application/json.",
+    422: "Dimension mismatch, ragged batch, NaN or infinity, too many vectors, invalid fields.",
+    429: "Too many requests in flight; see Retry-After.",
+    503: "Not ready: stitches still loading; see Retry-After.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries with the error envelope for ``statuses``."""
+    return {
+        status: {"model": ErrorEnvelope, "description": _ERROR_DESCRIPTIONS[status]}
+        for status in statuses
+    }

@@ -1,0 +1,135 @@
+"""Service settings, read from environment variables with the prefix ``LEAD_``.
+
+List settings (``LEAD_STITCHES``, ``LEAD_API_KEYS``) accept a JSON list
+(``'["models/minilm-to-mpnet","org/name@abc123"]'``) or a comma-separated string
+(``models/minilm-to-mpnet,org/name@abc123``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["DEFAULT_MODELS_DIR", "Settings"]
+
+#: ``models/`` of the repository: the bundled stitches.
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _split_list(value: Any) -> Any:
+    """A JSON list or a comma-separated string → list of stripped, non-empty strings."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class Settings(BaseSettings):
+    """Configuration of the translation service (environment variables ``LEAD_*``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LEAD_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
+
+    stitches: Annotated[list[str] | None, NoDecode] = Field(
+        default=None,
+        description="Stitches to serve: local folders and Hub repo ids (`org/name@revision`). "
+        "Default: every folder with a config.json under `models_dir`.",
+    )
+    models_dir: Path = Field(
+        default=DEFAULT_MODELS_DIR, description="Folder searched when `stitches` is not set."
+    )
+    device: str = Field(
+        default="auto",
+        description="`auto` (cuda when available, else cpu), `cpu`, `cuda`, `cuda:N`.",
+    )
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="Dtype the stitches run in (inputs and outputs are float32)."
+    )
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="When non-empty, every route except /healthz, /readyz and /metrics requires "
+        "`Authorization: Bearer <key>`.",
+    )
+    max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
+    max_concurrent_requests: int = Field(
+        default=16, ge=1, description="Translate requests in flight; beyond it 429."
+    )
+    retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After on 429.")
+    torch_threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch intra-op threads (torch.set_num_threads, set at start-up). Requests "
+        "run concurrently, one forward per worker thread, so 1 avoids oversubscribing the cores; "
+        "raise it for lower latency of single large batches on an idle many-core CPU.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Level of the `lead` loggers."
+    )
+    load_in_background: bool = Field(
+        default=True,
+        description="Load stitches after start-up (readiness via /readyz) instead of before it.",
+    )
+
+    # Training jobs, datasets and alignment (service/jobs).
+    enable_jobs: bool = Field(
+        default=True,
+        description="Run training jobs here (false on translation-only replicas: the jobs, "
+        "datasets and align routes then answer 503).",
+    )
+    data_dir: Path = Field(
+        default=Path(".lead-data"),
+        description="Job records (SQLite), uploaded datasets and trained stitches.",
+    )
+    job_workers: int = Field(
+        default=1, ge=1, description="Training jobs run at once, each in its own process."
+    )
+    job_torch_threads: int = Field(
+        default_factory=lambda: max(1, (os.cpu_count() or 2) - 1),
+        ge=1,
+        description="torch threads of a training process (default: all cores but one, which "
+        "is left for translation).",
+    )
+    job_nice: int = Field(
+        default=10, ge=0, le=19, description="CPU niceness added to training processes."
+    )
+    job_cancel_grace_seconds: float = Field(
+        default=10.0, gt=0, description="Time a cancelled job has to stop before it is killed."
+    )
+    hf_token: SecretStr | None = Field(
+        default=None, description="Hugging Face token for jobs with `push_to_hub`."
+    )
+    max_dataset_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=1, description="Size of an uploaded dataset file."
+    )
+    max_dataset_rows: int = Field(default=2_000_000, ge=4, description="Pairs in a dataset.")
+    max_inline_pairs: int = Field(
+        default=4096, ge=4, description="Pairs sent inline in a job or align request."
+    )
+    max_align_pairs: int = Field(
+        default=20_000, ge=4, description="Pairs accepted by POST /v1/align."
+    )
+
+    @field_validator("stitches", "api_keys", mode="before")
+    @classmethod
+    def _parse_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not _DEVICE.match(value):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
+        return value

@@ -1,0 +1,74 @@
+"""Translation through the shortest chain of stitches when no direct one exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from service_helpers import b64, embeddings
+
+
+def _by_models(fitted: Any, x: np.ndarray, **extra: Any) -> dict[str, Any]:
+    return {
+        "source_model": fitted.models["minilm"],
+        "target_model": fitted.models["mpnet"],
+        "input": b64(x),
+        **extra,
+    }
+
+
+def test_chain_when_no_direct_stitch(make_client: Any, fitted: Any, queries: Any) -> None:
+    client = make_client(["minilm-to-pml3", "pml3-to-mpnet"])
+    x = queries["minilm"][:10]
+    r = client.post("/v1/translate", json=_by_models(fitted, x))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["stitch"] == {
+        "id": None,
+        "chain": ["minilm-to-pml3", "pml3-to-mpnet"],
+        "models": [fitted.models["minilm"], fitted.models["pml3"], fitted.models["mpnet"]],
+    }
+    assert body["model"] == fitted.models["mpnet"]
+    y = embeddings(body)
+    np.testing.assert_allclose(
+        y, fitted.expected(["minilm-to-pml3", "pml3-to-mpnet"], x), rtol=1e-5, atol=1e-6
+    )
+    # a chain through pml3 still lands near the real mpnet vectors
+    assert float((y * queries["mpnet"][:10]).sum(axis=1).mean()) > 0.3
+    text = client.get("/metrics").text
+    assert 'lead_vectors_translated_total{stitch="minilm-to-pml3"} 10.0' in text
+    assert 'lead_vectors_translated_total{stitch="pml3-to-mpnet"} 10.0' in text
+
+
+def test_strict_refuses_chains(make_client: Any, fitted: Any, queries: Any) -> None:
+    client = make_client(["minilm-to-pml3", "pml3-to-mpnet"])
+    r = client.post("/v1/translate", json=_by_models(fitted, queries["minilm"][:2], strict=True))
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert error["code"] == "stitch_not_found"
+    assert "strict" in error["message"] and "minilm-to-pml3 → pml3-to-mpnet" in error["message"]
+    r = client.post("/v1/translate", json=_by_models(fitted, queries["minilm"][:2]))
+    assert r.status_code == 200, r.text
+
+
+def test_direct_stitch_beats_a_chain(client: Any, fitted: Any, queries: Any) -> None:
+    x = queries["minilm"][:4]
+    for strict in (False, True):
+        r = client.post("/v1/translate", json=_by_models(fitted, x, strict=strict))
+        assert r.status_code == 200, r.text
+        assert r.json()["stitch"]["chain"] == ["minilm-to-mpnet"]
+        assert r.json()["stitch"]["id"] == "minilm-to-mpnet"
+
+
+def test_no_route_backwards(make_client: Any, fitted: Any, queries: Any) -> None:
+    client = make_client(["minilm-to-pml3", "pml3-to-mpnet"])
+    r = client.post(
+        "/v1/translate",
+        json={
+            "source_model": fitted.models["mpnet"],
+            "target_model": fitted.models["minilm"],
+            "input": b64(queries["mpnet"][:1]),
+        },
+    )
+    assert r.status_code == 404, r.text
+    assert "no stitch or chain" in r.json()["error"]["message"]

@@ -1,0 +1,102 @@
+"""GET endpoints: /healthz, /v1/info, /v1/stitches, /v1/stitches/{id}, /metrics, request ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lead
+
+
+def test_healthz(client: Any) -> None:
+    r = client.get("/healthz")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "ok"}
+
+
+def test_info(make_client: Any) -> None:
+    client = make_client(max_vectors=100, max_body_bytes=1_000_000, max_concurrent_requests=3)
+    r = client.get("/v1/info")
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "object": "info",
+        "name": "lead",
+        "version": lead.__version__,
+        "device": "cpu",
+        "dtype": "float32",
+        "limits": {
+            "max_vectors_per_request": 100,
+            "max_body_bytes": 1_000_000,
+            "max_concurrent_requests": 3,
+        },
+        "encodings": ["float", "base64"],
+        "auth": False,
+        "stitches": 1,
+    }
+
+
+def test_list_and_get_stitches(client: Any, fitted: Any) -> None:
+    r = client.get("/v1/stitches")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list"
+    assert [s["id"] for s in body["data"]] == ["minilm-to-mpnet", "minilm-to-pml3", "pml3-to-mpnet"]
+    r = client.get("/v1/stitches/minilm-to-pml3")
+    assert r.status_code == 200, r.text
+    stitch = r.json()
+    assert stitch == body["data"][1]
+    assert stitch["object"] == "stitch"
+    assert stitch["source"]["model"] == fitted.models["minilm"]
+    assert stitch["target"] == {
+        "model": fitted.models["pml3"],
+        "dim": 384,
+        "normalized": True,
+        "revision": None,
+    }
+    assert stitch["architecture"] == "affine"
+    assert stitch["normalize_output"] is True
+    assert stitch["origin"] == "local"
+    assert stitch["revision"] is None
+    assert stitch["fit"]["method"] == "ridge"
+    assert stitch["fit"]["pairs"] == 400
+    assert "scorecard" in stitch
+
+
+def test_request_id_is_honoured_when_sane(client: Any) -> None:
+    r = client.get("/healthz", headers={"X-Request-ID": "trace-abc.123"})
+    assert r.headers["x-request-id"] == "trace-abc.123"
+    r = client.get("/nope", headers={"X-Request-ID": "trace-abc.123"})
+    assert r.json()["error"]["request_id"] == "trace-abc.123"
+    for insane in ("x" * 300, "has space", "semi;colon"):
+        r = client.get("/healthz", headers={"X-Request-ID": insane})
+        assert r.headers["x-request-id"] != insane
+        assert len(r.headers["x-request-id"]) == 32
+    ids = {client.get("/healthz").headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3
+
+
+def test_metrics(client: Any) -> None:
+    client.get("/healthz")
+    client.get("/v1/stitches/minilm-to-mpnet")
+    client.get("/v1/stitches/nope")
+    client.get("/not/a/route")
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert 'lead_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in text
+    route = "/v1/stitches/{stitch_id:path}"
+    assert f'lead_http_requests_total{{method="GET",route="{route}",status="200"}} 1.0' in text
+    assert f'lead_http_requests_total{{method="GET",route="{route}",status="404"}} 1.0' in text
+    assert 'route="unmatched",status="404"' in text
+    assert "lead_http_request_duration_seconds_bucket" in text
+    assert 'lead_stitches{state="ready"} 3.0' in text
+
+
+def test_metrics_are_per_app(make_client: Any) -> None:
+    first, second = make_client(), make_client()
+    for _ in range(3):
+        first.get("/healthz")
+    second.get("/healthz")
+    line = 'lead_http_requests_total{method="GET",route="/healthz",status="200"}'
+    assert f"{line} 3.0" in first.get("/metrics").text
+    assert f"{line} 1.0" in second.get("/metrics").text

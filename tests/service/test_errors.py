@@ -1,0 +1,305 @@
+"""Every bad request gets a clear 4xx in the error envelope, and the server stays healthy."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from service_helpers import b64, embeddings
+
+STITCH = "minilm-to-mpnet"
+
+
+def _json(body: bytes | str) -> dict[str, Any]:
+    content = body.encode() if isinstance(body, str) else body
+    return {"content": content, "headers": {"content-type": "application/json"}}
+
+
+def _vectors(n: int = 2, d: int = 384) -> list[list[float]]:
+    rng = np.random.default_rng(n * 1000 + d)
+    return rng.standard_normal((n, d)).astype(np.float32).tolist()
+
+
+def _raw_with(token: str) -> dict[str, Any]:
+    """A body whose input[1][5] is the JSON text ``token`` (NaN, Infinity, 1e999...)."""
+    rows = [",".join(["0.01"] * 384)] * 3
+    values = ["0.01"] * 384
+    values[5] = token
+    rows[1] = ",".join(values)
+    vectors = ",".join(f"[{r}]" for r in rows)
+    body = f'{{"stitch": "{STITCH}", "input": [{vectors}]}}'
+    return _json(body)
+
+
+def _b64_nan() -> list[str]:
+    x = np.full((2, 384), 0.01, dtype="<f4")
+    x[1, 7] = np.nan
+    return b64(x)
+
+
+# (case id, request kwargs, status, code, words the message must contain)
+CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
+    ("empty input", {"json": {"stitch": STITCH, "input": []}}, 400, "invalid_input", ["empty"]),
+    (
+        "ragged batch",
+        {"json": {"stitch": STITCH, "input": [[0.1] * 384, [0.1] * 383, [0.1] * 384]}},
+        422,
+        "shape_mismatch",
+        ["input[1]", "383", "384", "ragged"],
+    ),
+    (
+        "wrong dimension",
+        {"json": {"stitch": STITCH, "input": _vectors(3, 768)}},
+        422,
+        "shape_mismatch",
+        ["input[0]", "768", "384"],
+    ),
+    ("NaN token", _raw_with("NaN"), 422, "non_finite_input", ["input[1]", "NaN"]),
+    ("Infinity token", _raw_with("-Infinity"), 422, "non_finite_input", ["input[1]"]),
+    ("1e999 overflow", _raw_with("1e999"), 422, "non_finite_input", ["input[1]"]),
+    ("float32 overflow", _raw_with("1e300"), 422, "non_finite_input", ["input[1]"]),
+    (
+        "NaN in base64",
+        {"json": {"stitch": STITCH, "input": _b64_nan()}},
+        422,
+        "non_finite_input",
+        ["input[1]"],
+    ),
+    (
+        "bad base64",
+        {"json": {"stitch": STITCH, "input": [b64(np.zeros((1, 384)))[0], "not base64!!"]}},
+        400,
+        "decode_error",
+        ["input[1]", "base64"],
+    ),
+    (
+        "base64 byte length not float32",
+        {"json": {"stitch": STITCH, "input": [base64.b64encode(b"\0" * 1537).decode()]}},
+        400,
+        "decode_error",
+        ["input[0]", "1537 bytes", "1536"],
+    ),
+    (
+        "base64 of the wrong dimension",
+        {"json": {"stitch": STITCH, "input": b64(np.zeros((2, 768)))}},
+        422,
+        "shape_mismatch",
+        ["input[0]", "768", "384"],
+    ),
+    (
+        "unknown stitch",
+        {"json": {"stitch": "no-such-stitch", "input": _vectors()}},
+        404,
+        "stitch_not_found",
+        ["no-such-stitch"],
+    ),
+    (
+        "unknown model",
+        {
+            "json": {
+                "source_model": "acme/unknown",
+                "target_model": "sentence-transformers/all-mpnet-base-v2",
+                "input": _vectors(),
+            }
+        },
+        404,
+        "stitch_not_found",
+        ["acme/unknown"],
+    ),
+    (
+        "same source and target",
+        {"json": {"source_model": "a/b", "target_model": "a/b", "input": _vectors()}},
+        400,
+        "invalid_input",
+        ["a/b"],
+    ),
+    (
+        "wrong content type",
+        {"content": b"{}", "headers": {"content-type": "text/plain"}},
+        415,
+        "unsupported_media_type",
+        ["application/json"],
+    ),
+    ("no content type", {"content": b"{}"}, 415, "unsupported_media_type", ["none"]),
+    ("invalid JSON", _json('{"stitch": "x", "input": [[1,2'), 400, "invalid_json", ["JSON"]),
+    ("body not an object", _json("[1, 2]"), 400, "invalid_input", ["object"]),
+    ("missing input", {"json": {"stitch": STITCH}}, 422, "validation_error", ["input"]),
+    (
+        "bad encoding_format",
+        {"json": {"stitch": STITCH, "input": _vectors(), "encoding_format": "hex"}},
+        422,
+        "validation_error",
+        ["encoding_format"],
+    ),
+    (
+        "stitch and models",
+        {"json": {"stitch": STITCH, "source_model": "x", "target_model": "y", "input": _vectors()}},
+        422,
+        "validation_error",
+        ["either"],
+    ),
+    (
+        "unknown field",
+        {"json": {"stitch": STITCH, "input": _vectors(), "dimensions": 3}},
+        422,
+        "validation_error",
+        ["dimensions"],
+    ),
+    (
+        "input not a list",
+        {"json": {"stitch": STITCH, "input": "abc"}},
+        400,
+        "invalid_input",
+        ["list"],
+    ),
+    (
+        "mixed strings and arrays",
+        {"json": {"stitch": STITCH, "input": [[0.1] * 384, "AAAA"]}},
+        400,
+        "invalid_input",
+        ["input[1]"],
+    ),
+    (
+        "string inside a vector",
+        {"json": {"stitch": STITCH, "input": [[0.1] * 383 + ["0.1"]]}},
+        400,
+        "invalid_input",
+        ["input[0]", "not a number"],
+    ),
+    (
+        "null inside a vector",
+        {"json": {"stitch": STITCH, "input": [[0.1] * 383 + [None]]}},
+        400,
+        "invalid_input",
+        ["input[0]"],
+    ),
+    (
+        "booleans as a vector",
+        {"json": {"stitch": STITCH, "input": [[True] * 384]}},
+        400,
+        "invalid_input",
+        ["input[0]"],
+    ),
+]
+
+
+def _good(client: TestClient, queries: Any) -> None:
+    r = client.post("/v1/translate", json={"stitch": STITCH, "input": b64(queries["minilm"][:2])})
+    assert r.status_code == 200, r.text
+    assert embeddings(r.json()).shape == (2, 768)
+
+
+def _check_envelope(r: Any, status: int, code: str, words: list[str]) -> dict[str, Any]:
+    assert r.status_code == status, r.text[:1000]
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert set(error) == {"type", "code", "message", "param", "request_id"}
+    assert error["code"] == code, error
+    assert error["request_id"] == r.headers["x-request-id"]
+    for word in words:
+        assert word in error["message"], (word, error["message"])
+    return dict(error)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "code", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_translate_request(
+    client: TestClient,
+    queries: Any,
+    kwargs: dict[str, Any],
+    status: int,
+    code: str,
+    words: list[str],
+) -> None:
+    r = client.post("/v1/translate", **kwargs)
+    _check_envelope(r, status, code, words)
+    _good(client, queries)
+
+
+def test_ragged_batch_names_the_row_and_both_dimensions(client: TestClient, queries: Any) -> None:
+    rows = _vectors(5)
+    rows[3] = rows[3][:100]
+    r = client.post("/v1/translate", json={"stitch": STITCH, "input": rows})
+    error = _check_envelope(r, 422, "shape_mismatch", ["input[3]", "100", "384"])
+    assert error["param"] == "input[3]"
+    _good(client, queries)
+
+
+def test_too_many_vectors(make_client: Any, queries: Any) -> None:
+    client = make_client(max_vectors=4)
+    r = client.post("/v1/translate", json={"stitch": STITCH, "input": b64(queries["minilm"][:5])})
+    _check_envelope(r, 422, "limit_exceeded", ["5", "4"])
+    _good(client, queries)
+    assert client.get("/v1/info").json()["limits"]["max_vectors_per_request"] == 4
+
+
+def test_body_over_the_limit(make_client: Any, queries: Any) -> None:
+    client = make_client(max_body_bytes=20_000)
+    big = {"stitch": STITCH, "input": queries["minilm"][:10].tolist()}  # ~ 40 kB of JSON
+    r = client.post("/v1/translate", json=big)  # declares its Content-Length
+    _check_envelope(r, 413, "payload_too_large", ["20000"])
+    _good(client, queries)
+
+    import orjson
+
+    payload = orjson.dumps(big)
+
+    def chunks() -> Any:  # streamed without a Content-Length: counted as it arrives
+        for start in range(0, len(payload), 4096):
+            yield payload[start : start + 4096]
+
+    r = client.post("/v1/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    _check_envelope(r, 413, "payload_too_large", ["20000"])
+    _good(client, queries)
+    assert client.get("/v1/info").json()["limits"]["max_body_bytes"] == 20_000
+
+
+def test_non_finite_output_is_refused(make_client: Any, fitted: Any, queries: Any) -> None:
+    from lead.artifacts import load_stitch
+
+    client = make_client(["minilm-to-mpnet-raw"])
+    weight = load_stitch(fitted.folder("minilm-to-mpnet-raw")).weight.detach().numpy()
+    row = int(np.abs(weight).sum(axis=1).argmax())
+    assert np.abs(weight[row]).sum() > 1.5  # so the next input overflows float32 in row `row`
+    x = np.full((3, 384), 0.01, dtype=np.float32)
+    x[2] = 3.0e38 * np.sign(weight[row])  # finite input, overflowing output
+    r = client.post("/v1/translate", json={"stitch": "minilm-to-mpnet-raw", "input": b64(x)})
+    _check_envelope(r, 422, "non_finite_output", ["input[2]"])
+    r = client.post(
+        "/v1/translate", json={"stitch": "minilm-to-mpnet-raw", "input": b64(queries["minilm"][:2])}
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_framework_errors_use_the_envelope(client: TestClient, queries: Any) -> None:
+    r = client.get("/v1/translate")
+    _check_envelope(r, 405, "method_not_allowed", ["GET"])
+    assert "POST" in r.headers["allow"]
+    r = client.get("/v2/nothing")
+    _check_envelope(r, 404, "not_found", ["/v2/nothing"])
+    r = client.get("/v1/stitches/org/none@abc")
+    _check_envelope(r, 404, "stitch_not_found", ["org/none@abc"])
+    _good(client, queries)
+
+
+def test_unexpected_errors_do_not_leak(
+    client: TestClient, queries: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.routes.translate as translate_module
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret internal detail /etc/passwd")
+
+    monkeypatch.setattr(translate_module, "encode_vectors", broken)
+    r = client.post("/v1/translate", json={"stitch": STITCH, "input": b64(queries["minilm"][:1])})
+    error = _check_envelope(r, 500, "internal_error", ["request id"])
+    assert "secret" not in r.text and "passwd" not in r.text
+    assert error["type"] == "server_error"
+    monkeypatch.undo()
+    _good(client, queries)
+    assert client.get("/healthz").status_code == 200

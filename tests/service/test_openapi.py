@@ -1,0 +1,55 @@
+"""``openapi.yaml`` equals the app's schema (regenerate it: ``python -m service.openapi``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from service.app import create_app
+from service.openapi import main
+from service.settings import Settings
+
+OPENAPI_YAML = Path(__file__).resolve().parents[2] / "openapi.yaml"
+
+
+def test_openapi_yaml_is_current() -> None:
+    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    on_disk = yaml.safe_load(OPENAPI_YAML.read_text(encoding="utf-8"))
+    assert on_disk == schema, "openapi.yaml is stale: run `python -m service.openapi`"
+    assert main(["--check"]) == 0
+
+
+def test_openapi_documents_the_api() -> None:
+    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    paths = schema["paths"]
+    for path in (
+        "/v1/translate",
+        "/v1/stitches",
+        "/v1/stitches/{stitch_id}",
+        "/v1/info",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
+        assert path in paths, path
+    translate = paths["/v1/translate"]["post"]
+    body = translate["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/TranslateRequest"}
+    assert set(body["examples"]) == {"float", "base64"}
+    components = schema["components"]["schemas"]
+    assert set(components["TranslateRequest"]["properties"]) >= {
+        "stitch",
+        "source_model",
+        "target_model",
+        "input",
+        "encoding_format",
+        "normalize",
+        "strict",
+    }
+    for status in ("400", "401", "404", "413", "415", "422", "429", "503"):
+        assert translate["responses"][status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorEnvelope"
+        }
+    assert "HTTPValidationError" not in components
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]

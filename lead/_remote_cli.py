@@ -1,0 +1,241 @@
+"""``lead`` subcommands that talk to a LEAD server: ``datasets``, ``jobs``, ``align``.
+
+::
+
+    lead datasets upload pairs.safetensors --name scifact
+    lead jobs submit --dataset ds_... --source-model minilm --target-model e5 --wait
+    lead jobs submit --source minilm.safetensors:corpus --target e5.safetensors:corpus \\
+        --source-model minilm --target-model e5 --method mlp --option max_epochs=30
+    lead jobs wait job_...            # progress bar on stderr; exit 0 only if it succeeded
+    lead jobs list | lead jobs get job_... | lead jobs cancel job_...
+    lead align --source a.npy --target b.npy                # local
+    lead align --server http://host:8000 --dataset ds_...   # on the server
+
+The server comes from ``--server`` or ``LEAD_SERVER_URL``, the key from ``--api-key`` or
+``LEAD_API_KEY``. Results are JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import httpx
+
+from lead.client import LeadClient
+
+__all__ = ["add_remote_commands", "connect"]
+
+
+def connect(args: argparse.Namespace) -> LeadClient:
+    """The client for ``--server`` / ``--api-key`` (tests replace this function)."""
+    return LeadClient(args.server, api_key=args.api_key)
+
+
+def _print(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return 2
+
+
+def _remote(handler: Any) -> Any:
+    """Run ``handler(client, args)``; an unreachable server is an error (exit status 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            with connect(args) as client:
+                return int(handler(client, args))
+        except httpx.TransportError as error:
+            server = args.server or "LEAD_SERVER_URL"
+            return _fail(f"cannot reach the LEAD server at {server}: {error}")
+
+    return run
+
+
+def _upload(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.upload_dataset(args.file, name=args.name))
+    return 0
+
+
+def _list_datasets(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.list_datasets(limit=args.limit, after=args.after))
+    return 0
+
+
+def _delete_dataset(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.delete_dataset(args.id))
+    return 0
+
+
+def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | None) -> int:
+    from tqdm import tqdm
+
+    bar: Any = None
+    stage: str | None = None
+
+    def show(job: dict[str, Any]) -> None:
+        nonlocal bar, stage
+        progress = job["progress"]
+        if progress["stage"] != stage and progress["total"]:
+            if bar is not None:
+                bar.close()
+            stage = progress["stage"]
+            bar = tqdm(total=progress["total"], desc=f"{job['id'][:12]} {stage}", file=sys.stderr)
+        if bar is not None:
+            bar.n = min(progress["step"], bar.total)
+            bar.set_postfix_str(job["status"], refresh=True)
+
+    try:
+        job = client.wait_job(job_id, poll_interval=interval, timeout=timeout, on_update=show)
+    finally:
+        if bar is not None:
+            bar.close()
+    _print(job)
+    return 0 if job["status"] == "succeeded" else 1
+
+
+def _submit(client: LeadClient, args: argparse.Namespace) -> int:
+    from lead.cli import _parse_options
+    from lead.data import read_embeddings
+
+    dataset = args.dataset
+    if dataset is None:
+        if not (args.source and args.target):
+            return _fail("give --dataset, or --source and --target files")
+        source, target = read_embeddings(args.source), read_embeddings(args.target)
+        dataset = client.upload_pairs(source, target, name=args.source_model)["id"]
+    job = client.submit_job(
+        args.source_model,
+        args.target_model,
+        dataset=dataset,
+        method=args.method,
+        options=_parse_options(args.option),
+        holdout_fraction=args.holdout,
+        seed=args.seed,
+        push_to_hub=args.push_to_hub,
+        stitch_id=args.stitch_id,
+        idempotency_key=args.idempotency_key,
+    )
+    if args.wait:
+        return _wait(client, job["id"], args.interval, None)
+    _print(job)
+    return 0
+
+
+def _get_job(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.get_job(args.id))
+    return 0
+
+
+def _list_jobs(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.list_jobs(limit=args.limit, after=args.after, status=args.status))
+    return 0
+
+
+def _cancel_job(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.cancel_job(args.id))
+    return 0
+
+
+def _wait_job(client: LeadClient, args: argparse.Namespace) -> int:
+    return _wait(client, args.id, args.interval, args.timeout)
+
+
+def _align(args: argparse.Namespace) -> int:
+    if args.server or args.dataset:
+        return int(_remote(_align_remote)(args))
+    if not (args.source and args.target):
+        return _fail("give --source and --target (or --dataset with --server)")
+    from lead.alignment import alignment_scores
+    from lead.data import read_embeddings
+
+    X, Y = read_embeddings(args.source), read_embeddings(args.target)
+    _print(alignment_scores(X, Y, folds=args.folds, seed=args.seed, max_pairs=args.max_pairs))
+    return 0
+
+
+def _align_remote(client: LeadClient, args: argparse.Namespace) -> int:
+    if args.dataset:
+        _print(client.align(dataset=args.dataset, folds=args.folds, seed=args.seed))
+        return 0
+    from lead.data import read_embeddings
+
+    source, target = read_embeddings(args.source), read_embeddings(args.target)
+    _print(client.align(source=source, target=target, folds=args.folds, seed=args.seed))
+    return 0
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="server URL (default: $LEAD_SERVER_URL)")
+    parser.add_argument("--api-key", help="API key (default: $LEAD_API_KEY)")
+
+
+def add_remote_commands(commands: Any) -> None:
+    """Add ``datasets``, ``jobs`` and ``align`` to the ``lead`` subcommand parsers."""
+    datasets = commands.add_parser("datasets", help="paired-embedding datasets on a server")
+    actions = datasets.add_subparsers(dest="action", metavar="ACTION", required=True)
+    upload = actions.add_parser("upload", help="upload a .safetensors dataset")
+    upload.add_argument("file", help="tensors 'source' (n, d_src) and 'target' (n, d_tgt)")
+    upload.add_argument("--name")
+    upload.set_defaults(handler=_remote(_upload))
+    listing = actions.add_parser("list", help="list datasets")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--after")
+    listing.set_defaults(handler=_remote(_list_datasets))
+    delete = actions.add_parser("delete", help="delete a dataset")
+    delete.add_argument("id")
+    delete.set_defaults(handler=_remote(_delete_dataset))
+    for sub in (upload, listing, delete):
+        _server_arguments(sub)
+
+    jobs = commands.add_parser("jobs", help="training jobs on a server")
+    actions = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
+    submit = actions.add_parser("submit", help="train a stitch on the server")
+    submit.add_argument("--dataset", help="an uploaded dataset id")
+    submit.add_argument("--source", metavar="FILE[:TENSOR]", help="uploaded as a dataset first")
+    submit.add_argument("--target", metavar="FILE[:TENSOR]")
+    submit.add_argument("--source-model", required=True)
+    submit.add_argument("--target-model", required=True)
+    submit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp")
+    submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--holdout", type=float, default=0.2, help="held-out share")
+    submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument("--push-to-hub", metavar="ORG/NAME")
+    submit.add_argument("--stitch-id")
+    submit.add_argument("--idempotency-key")
+    submit.add_argument("--wait", action="store_true", help="follow the job to its end")
+    submit.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    submit.set_defaults(handler=_remote(_submit))
+    get = actions.add_parser("get", help="show a job")
+    get.add_argument("id")
+    get.set_defaults(handler=_remote(_get_job))
+    listing = actions.add_parser("list", help="list jobs, newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--after")
+    listing.add_argument("--status")
+    listing.set_defaults(handler=_remote(_list_jobs))
+    wait = actions.add_parser("wait", help="follow a job with a progress bar")
+    wait.add_argument("id")
+    wait.add_argument("--interval", type=float, default=1.0)
+    wait.add_argument("--timeout", type=float)
+    wait.set_defaults(handler=_remote(_wait_job))
+    cancel = actions.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("id")
+    cancel.set_defaults(handler=_remote(_cancel_job))
+    for sub in (submit, get, listing, wait, cancel):
+        _server_arguments(sub)
+
+    align = commands.add_parser("align", help="alignment scores of two paired embedding sets")
+    align.add_argument("--source", metavar="FILE[:TENSOR]")
+    align.add_argument("--target", metavar="FILE[:TENSOR]")
+    align.add_argument("--dataset", help="an uploaded dataset id (needs a server)")
+    align.add_argument("--folds", type=int, default=5)
+    align.add_argument("--seed", type=int, default=0)
+    align.add_argument("--max-pairs", type=int, help="local: score a seeded subset this large")
+    _server_arguments(align)
+    align.set_defaults(handler=_align)

@@ -1,0 +1,364 @@
+"""The ``lead`` command line: fit a stitch, score it, translate files with it.
+
+::
+
+    lead fit --source minilm.safetensors:corpus --target mpnet.safetensors:corpus \\
+        --method ridge --source-model sentence-transformers/all-MiniLM-L6-v2 \\
+        --target-model sentence-transformers/all-mpnet-base-v2 --out models/minilm-to-mpnet
+    lead score models/minilm-to-mpnet --source X.npy --target Y.npy --all
+    lead translate models/minilm-to-mpnet --input corpus.npy --output translated.npy
+
+Results go to stdout as JSON, progress bars to stderr, and a :class:`~lead.errors.LeadError`
+becomes ``error: <message>`` on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lead.errors import InvalidInputError, LeadError, NonFiniteOutputError, ShapeMismatchError
+from lead.splits import holdout_split
+
+__all__ = ["build_parser", "main"]
+
+
+def _parse_options(items: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(f"--option must look like key=value, got {item!r}", param=item)
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
+def _load_pairs(
+    sources: Sequence[str], targets: Sequence[str]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    from lead.data import read_embeddings
+
+    if len(sources) != len(targets):
+        raise InvalidInputError(
+            f"give as many --source as --target files (got {len(sources)} and {len(targets)})",
+            param="target",
+        )
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    for source, target in zip(sources, targets, strict=True):
+        X, Y = read_embeddings(source), read_embeddings(target)
+        if X.shape[0] != Y.shape[0]:
+            raise ShapeMismatchError(
+                f"{source} has {X.shape[0]} rows but {target} has {Y.shape[0]}",
+                expected=X.shape[0],
+                got=Y.shape[0],
+                param=target,
+            )
+        if xs and (X.shape[1] != xs[0].shape[1] or Y.shape[1] != ys[0].shape[1]):
+            raise ShapeMismatchError(
+                f"{source} / {target} have dimensions {X.shape[1]} / {Y.shape[1]}, "
+                f"unlike the first pair ({xs[0].shape[1]} / {ys[0].shape[1]})",
+                expected=(xs[0].shape[1], ys[0].shape[1]),
+                got=(X.shape[1], Y.shape[1]),
+                param=source,
+            )
+        xs.append(X)
+        ys.append(Y)
+    return xs, ys
+
+
+def _split_rows(
+    sizes: Sequence[int], holdout: float, seed: int, holdout_from: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Training and held-out row indices into the concatenation of all pairs."""
+    total = int(sum(sizes))
+    if holdout == 0:
+        return np.arange(total), np.arange(0)
+    if holdout_from is None:
+        return holdout_split(total, holdout, seed)
+    if not 1 <= holdout_from <= len(sizes):
+        raise InvalidInputError(
+            f"--holdout-from must be between 1 and {len(sizes)}", param="holdout_from"
+        )
+    offset = int(sum(sizes[: holdout_from - 1]))
+    train, test = holdout_split(sizes[holdout_from - 1], holdout, seed)
+    inside = np.arange(offset, offset + sizes[holdout_from - 1])
+    others = np.setdiff1d(np.arange(total), inside)
+    return np.sort(np.concatenate([others, train + offset])), test + offset
+
+
+def _score(stitch: Any, X: np.ndarray, Y: np.ndarray, train_mean: Any) -> dict[str, Any]:
+    from lead.scorecard import score_stitch
+
+    return score_stitch(stitch, X, Y, target_train_mean=train_mean).to_dict()
+
+
+def _tqdm_progress() -> tuple[Callable[[str, int, int], None], Callable[[], None]]:
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def progress(stage: str, step: int, total: int) -> None:
+        if stage != "train":  # closed-form fits take seconds: no bar
+            return
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(total=total, desc=stage, unit="epoch", file=sys.stderr)
+        bar.update(step - bar.n)
+
+    def close() -> None:
+        for bar in bars.values():
+            bar.close()
+
+    return progress, close
+
+
+def _holdout_ids(
+    path: str | None, sizes: Sequence[int], holdout_from: int | None, test: np.ndarray
+) -> list[str] | None:
+    """The ids of the held-out rows, read from a JSON list for the held-out pair."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    try:
+        ids = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"--ids {path}: not a readable JSON list ({exc})") from None
+    pair = (holdout_from or 1) - 1
+    rows = sizes[pair] if holdout_from is not None else sum(sizes)
+    if not isinstance(ids, list) or len(ids) != rows:
+        raise ShapeMismatchError(
+            f"--ids {path} must be a JSON list of {rows} ids, one per row",
+            expected=rows,
+            got=len(ids) if isinstance(ids, list) else type(ids).__name__,
+            param="ids",
+        )
+    offset = int(sum(sizes[:pair])) if holdout_from is not None else 0
+    return [str(ids[i - offset]) for i in test]
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from lead.artifacts import save_stitch
+    from lead.fitting import fit_stitch
+    from lead.stitches import StitchInfo
+
+    if not 0 <= args.holdout < 1:
+        raise InvalidInputError("--holdout must be in [0, 1)", param="holdout")
+    xs, ys = _load_pairs(args.source, args.target)
+    X, Y = np.concatenate(xs), np.concatenate(ys)
+    train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
+    holdout_ids = _holdout_ids(args.ids, [len(x) for x in xs], args.holdout_from, test)
+    info = StitchInfo(
+        source_model=args.source_model,
+        target_model=args.target_model,
+        source_normalized=args.source_normalized,
+        target_normalized=args.target_normalized,
+        source_revision=args.source_revision,
+        target_revision=args.target_revision,
+        fit={
+            "data": [
+                {"source": s, "target": t, "rows": len(x)}
+                for s, t, x in zip(args.source, args.target, xs, strict=True)
+            ],
+            "holdout": {
+                "fraction": args.holdout,
+                "seed": args.seed,
+                "from_pair": args.holdout_from,
+                "train_pairs": len(train),
+                "test_pairs": len(test),
+                **({"ids": holdout_ids} if holdout_ids is not None else {}),
+            },
+        },
+    )
+    progress, close = _tqdm_progress()
+    try:
+        stitch = fit_stitch(
+            X[train],
+            Y[train],
+            args.method,
+            info=info,
+            normalize_output=args.normalize_output,
+            seed=args.seed,
+            progress=progress,
+            **_parse_options(args.option),
+        )
+    finally:
+        close()
+    if len(test):
+        stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
+    save_stitch(stitch, args.out)
+    print(json.dumps(stitch.info.scorecard, indent=2))
+    return 0
+
+
+def _score_command(args: argparse.Namespace) -> int:
+    from lead.artifacts import load_stitch
+
+    stitch = load_stitch(args.stitch, device=args.device)
+    xs, ys = _load_pairs(args.source, args.target)
+    X, Y = np.concatenate(xs), np.concatenate(ys)
+    if args.all:
+        scorecard = _score(stitch, X, Y, stitch.target_mean.detach().cpu().double().numpy())
+    else:
+        train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
+        if not len(test):
+            raise InvalidInputError("--holdout must be in (0, 1), or use --all", param="holdout")
+        scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
+    print(json.dumps(scorecard, indent=2))
+    return 0
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from lead.artifacts import load_stitch
+    from lead.data import EmbeddingReader, EmbeddingWriter
+
+    stitch = load_stitch(args.stitch, device=args.device)
+    reader = EmbeddingReader(args.input)
+    if reader.shape[1] != stitch.d_src:
+        raise ShapeMismatchError(
+            f"{args.input} has dimension {reader.shape[1]}, the stitch expects {stitch.d_src}",
+            expected=stitch.d_src,
+            got=reader.shape[1],
+            param="input",
+        )
+    meta = {
+        "stitch": str(args.stitch),
+        "source_model": stitch.info.source_model,
+        "target_model": stitch.info.target_model,
+        "source_file": str(args.input),
+    }
+    n, param = len(reader), next(stitch.parameters())
+    with (
+        EmbeddingWriter(args.output, n, stitch.d_tgt, metadata=meta) as writer,
+        tqdm(total=n, unit="vec", desc="translate", file=sys.stderr) as bar,
+        torch.inference_mode(),
+    ):
+        for start, rows in reader.iter_batches(args.batch_size):
+            out = stitch(torch.from_numpy(rows).to(device=param.device, dtype=param.dtype))
+            if not bool(torch.isfinite(out).all()):
+                raise NonFiniteOutputError(f"the stitch produced NaN or infinity near row {start}")
+            writer.write(out.float().cpu().numpy())
+            bar.update(len(rows))
+    print(json.dumps({"output": str(args.output), "rows": n, "dim": stitch.d_tgt}))
+    return 0
+
+
+def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        metavar="FILE[:TENSOR]",
+        help="source-model vectors (.safetensors[:tensor] or .npy); repeat to add datasets",
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="FILE[:TENSOR]",
+        help="target-model vectors, row i pairs with row i of the matching --source",
+    )
+    parser.add_argument("--holdout", type=float, default=0.2, help="held-out share (default 0.2)")
+    parser.add_argument(
+        "--holdout-from",
+        type=int,
+        metavar="N",
+        help="draw the held-out rows from the N-th --source/--target pair only (1-based); "
+        "the other pairs are training-only",
+    )
+    parser.add_argument(
+        "--ids",
+        metavar="FILE",
+        help="JSON list of row ids (document ids) of the pair the held-out rows come from; "
+        "the held-out ids are then listed in the stitch's config and model card",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the fit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lead`` argument parser; each subcommand sets ``handler(args) -> int``."""
+    parser = argparse.ArgumentParser(
+        prog="lead", description="LEAD: fit, score and apply embedding stitches."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    fit = commands.add_parser("fit", help="fit a stitch on paired embeddings and save it")
+    _add_pair_arguments(fit)
+    fit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp")
+    fit.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='method option, value parsed as JSON (alpha=0.01, scaling=true, loss="cosine")',
+    )
+    fit.add_argument("--source-model", required=True, help="source model id")
+    fit.add_argument("--target-model", required=True, help="target model id")
+    fit.add_argument("--source-revision")
+    fit.add_argument("--target-revision")
+    for flag in ("source-normalized", "target-normalized"):
+        fit.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True)
+    fit.add_argument(
+        "--normalize-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalise outputs (default: as --target-normalized)",
+    )
+    fit.add_argument("--out", required=True, help="folder to save the stitch in")
+    fit.set_defaults(handler=_fit)
+
+    score = commands.add_parser("score", help="score a stitch on paired embeddings")
+    score.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
+    _add_pair_arguments(score)
+    score.add_argument("--all", action="store_true", help="score on every row (no split)")
+    score.add_argument("--device", default="cpu")
+    score.set_defaults(handler=_score_command)
+
+    translate = commands.add_parser("translate", help="translate an embedding file")
+    translate.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
+    translate.add_argument("--input", required=True, metavar="FILE[:TENSOR]")
+    translate.add_argument("--output", required=True, metavar="FILE", help=".npy or .safetensors")
+    translate.add_argument("--batch-size", type=int, default=4096)
+    translate.add_argument("--device", default="cpu")
+    translate.set_defaults(handler=_translate)
+
+    from lead._remote_cli import add_remote_commands  # datasets, jobs, align (on a server)
+
+    add_remote_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``lead`` command line; returns the exit status (2 for a LEAD error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    if getattr(args, "handler", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args))
+    except LeadError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

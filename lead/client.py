@@ -1,0 +1,336 @@
+"""A small HTTP client of a LEAD server: datasets, training jobs, translation, alignment.
+
+::
+
+    from lead.client import LeadClient
+
+    with LeadClient("http://127.0.0.1:8000") as lead:
+        dataset = lead.upload_dataset("pairs.safetensors")
+        job = lead.submit_job("minilm", "e5", dataset=dataset["id"], method="ridge")
+        job = lead.wait_job(job["id"])
+        vectors = lead.translate(queries, stitch=job["result"]["stitch_id"])
+
+The server URL defaults to ``LEAD_SERVER_URL`` and the API key to ``LEAD_API_KEY``. An
+error response raises the :class:`~lead.errors.LeadError` subclass matching its ``code``
+(with ``status_code``, ``code`` and ``request_id`` attributes), so callers handle remote
+and local errors alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from lead import errors as le
+
+__all__ = ["DEFAULT_SERVER_URL", "TERMINAL_STATUSES", "LeadClient", "encode_base64"]
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
+#: Job statuses after which nothing changes any more.
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+_SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
+    "decode_error": le.DecodeError,
+    "shape_mismatch": le.ShapeMismatchError,
+    "non_finite_input": le.NonFiniteError,
+    "unsupported_media_type": le.UnsupportedMediaTypeError,
+    "stitch_format_error": le.StitchFormatError,
+    "stitch_not_found": le.StitchNotFoundError,
+    "job_not_found": le.JobNotFoundError,
+    "dataset_not_found": le.DatasetNotFoundError,
+    "fit_failed": le.FitError,
+    "non_finite_output": le.NonFiniteOutputError,
+    "invalid_api_key": le.AuthenticationError,
+    "idempotency_key_reused": le.IdempotencyKeyReusedError,
+    "conflict": le.ConflictError,
+    "hub_error": le.HubError,
+}
+_BY_STATUS: dict[int, type[le.LeadError]] = {
+    400: le.InvalidInputError,
+    401: le.AuthenticationError,
+    404: le.NotFoundError,
+    409: le.ConflictError,
+    415: le.UnsupportedMediaTypeError,
+    422: le.InvalidInputError,
+}
+
+
+def encode_base64(vectors: Any) -> list[str]:
+    """Rows of ``vectors`` (n, d) as base64 strings of little-endian float32, one per row."""
+    rows = np.ascontiguousarray(np.asarray(vectors), dtype="<f4")
+    if rows.ndim != 2:
+        raise le.ShapeMismatchError(
+            f"expected a 2-D array (n, d), got shape {rows.shape}",
+            expected="(n, d)",
+            got=rows.shape,
+        )
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
+
+
+def _decode_base64(items: list[str]) -> np.ndarray:
+    return np.stack([np.frombuffer(base64.b64decode(s), dtype="<f4") for s in items]).astype(
+        np.float32
+    )
+
+
+def _error_from(response: httpx.Response) -> le.LeadError:
+    """The LeadError an error response stands for."""
+    try:
+        body = response.json()["error"]
+        code, message, param = str(body.get("code")), str(body["message"]), body.get("param")
+        request_id = body.get("request_id")
+    except (ValueError, KeyError, TypeError):
+        code, message, param, request_id = "http_error", response.text[:500], None, None
+    status = response.status_code
+    retry_after = int(response.headers.get("retry-after", "1") or 1)
+    exc: le.LeadError
+    if code in _SIMPLE_ERRORS:
+        exc = _SIMPLE_ERRORS[code](message, param=param)
+    elif code == "too_few_pairs":
+        exc = le.TooFewPairsError(message, minimum=0, got=0, param=param)
+    elif status == 413:
+        exc = le.PayloadTooLargeError(message, limit=0, got=0, param=param)
+    elif code == "limit_exceeded":
+        exc = le.LimitExceededError(message, limit=0, got=0, param=param)
+    elif status == 429:
+        exc = le.OverloadedError(message, retry_after=retry_after)
+    elif status == 503:
+        exc = le.NotReadyError(message, retry_after=retry_after)
+    else:
+        exc = _BY_STATUS.get(status, le.LeadError)(f"HTTP {status}: {message}", param=param)
+    exc.status_code = status  # type: ignore[attr-defined]
+    exc.code = code  # type: ignore[attr-defined]
+    exc.request_id = request_id  # type: ignore[attr-defined]
+    return exc
+
+
+class LeadClient:
+    """Talk to a LEAD server over HTTP.
+
+    Parameters
+    ----------
+    base_url : str, optional
+        Server URL; default ``LEAD_SERVER_URL``, else ``http://127.0.0.1:8000``.
+    api_key : str, optional
+        Sent as ``Authorization: Bearer``; default ``LEAD_API_KEY``.
+    timeout : float, default 120
+        Seconds per request.
+    http : httpx.Client, optional
+        A ready client to use instead (its base URL is used; e.g. a test client).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        url = base_url or os.environ.get("LEAD_SERVER_URL") or DEFAULT_SERVER_URL
+        self._owns_http = http is None
+        self.http = http if http is not None else httpx.Client(base_url=url, timeout=timeout)
+        key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def close(self) -> None:
+        """Close the connection pool (when this client created it)."""
+        if self._owns_http:
+            self.http.close()
+
+    def __enter__(self) -> LeadClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        response = self.http.request(method, path, headers=headers, **kwargs)
+        if response.is_error:
+            raise _error_from(response)
+        return response.json()
+
+    # ---------------------------------------------------------------- datasets
+    def upload_dataset(
+        self, file: str | Path | bytes, *, name: str | None = None
+    ) -> dict[str, Any]:
+        """Upload a ``.safetensors`` dataset (tensors ``source``, ``target``; see the server).
+
+        Parameters
+        ----------
+        file : str, Path or bytes
+            The file, or its bytes.
+        name : str, optional
+            A label.
+
+        Returns
+        -------
+        dict
+            The dataset: ``id``, ``pairs``, ``source_dim``, ``target_dim``, ...
+        """
+        kwargs: dict[str, Any] = {
+            "headers": {"Content-Type": "application/octet-stream"},
+            "params": {"name": name} if name else None,
+        }
+        if isinstance(file, bytes):
+            return dict(self._request("POST", "/v1/datasets", content=file, **kwargs))
+        with open(file, "rb") as handle:
+            return dict(self._request("POST", "/v1/datasets", content=handle, **kwargs))
+
+    def upload_pairs(
+        self, source: Any, target: Any, *, name: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """Upload arrays ``source`` (n, d_src) and ``target`` (n, d_tgt) as a dataset."""
+        from safetensors.numpy import save
+
+        tensors = {"source": source, "target": target, **extra}
+        data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+        return self.upload_dataset(data, name=name)
+
+    def list_datasets(self, *, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        """A page of datasets, newest first (``data``, ``has_more``, ``last_id``)."""
+        params: dict[str, Any] = {"limit": limit, **({"after": after} if after else {})}
+        return dict(self._request("GET", "/v1/datasets", params=params))
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/datasets/{dataset_id}"))
+
+    def delete_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return dict(self._request("DELETE", f"/v1/datasets/{dataset_id}"))
+
+    # -------------------------------------------------------------------- jobs
+    def submit_job(
+        self,
+        source_model: str,
+        target_model: str,
+        *,
+        dataset: str | None = None,
+        source: Any = None,
+        target: Any = None,
+        method: str = "ridge",
+        options: dict[str, Any] | None = None,
+        holdout_fraction: float = 0.2,
+        seed: int = 0,
+        push_to_hub: str | None = None,
+        stitch_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a training job from a dataset id or inline arrays (n, d_src) / (n, d_tgt).
+
+        Returns
+        -------
+        dict
+            The job (``status`` ``queued``); follow it with :meth:`wait_job`.
+        """
+        body: dict[str, Any] = {
+            "source_model": source_model,
+            "target_model": target_model,
+            "method": method,
+            "options": options or {},
+            "holdout_fraction": holdout_fraction,
+            "seed": seed,
+        }
+        if dataset is not None:
+            body["dataset"] = dataset
+        if source is not None or target is not None:
+            body["source"], body["target"] = encode_base64(source), encode_base64(target)
+        if push_to_hub is not None:
+            body["push_to_hub"] = push_to_hub
+        if stitch_id is not None:
+            body["stitch_id"] = stitch_id
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return dict(self._request("POST", "/v1/jobs", json=body, headers=headers))
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def list_jobs(
+        self, *, limit: int = 20, after: str | None = None, status: str | None = None
+    ) -> dict[str, Any]:
+        """A page of jobs, newest first (``data``, ``has_more``, ``last_id``)."""
+        params: dict[str, Any] = {"limit": limit}
+        params.update({k: v for k, v in (("after", after), ("status", status)) if v})
+        return dict(self._request("GET", "/v1/jobs", params=params))
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job (raises :class:`~lead.errors.ConflictError` when it has finished)."""
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll a job until it has finished; return it (whatever its final status).
+
+        Raises
+        ------
+        TimeoutError
+            If ``timeout`` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if on_update is not None:
+                on_update(job)
+            if job["status"] in TERMINAL_STATUSES:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout} s")
+            time.sleep(poll_interval)
+
+    # -------------------------------------------------------- translate, align
+    def translate(
+        self,
+        vectors: Any,
+        *,
+        stitch: str | None = None,
+        source_model: str | None = None,
+        target_model: str | None = None,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """Translate ``vectors`` (n, d_src) with a stitch id or a model pair.
+
+        Returns
+        -------
+        ndarray of shape (n, d_tgt), float32
+        """
+        body: dict[str, Any] = {
+            "input": encode_base64(vectors),
+            "encoding_format": "base64",
+            "normalize": normalize,
+        }
+        if stitch is not None:
+            body["stitch"] = stitch
+        else:
+            body["source_model"], body["target_model"] = source_model, target_model
+        response = self._request("POST", "/v1/translate", json=body)
+        return _decode_base64([item["embedding"] for item in response["data"]])
+
+    def align(
+        self,
+        *,
+        dataset: str | None = None,
+        source: Any = None,
+        target: Any = None,
+        folds: int = 5,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Alignment scores (linear CKA, mutual k-NN, cross-validated ridge R²) of paired sets."""
+        body: dict[str, Any] = {"folds": folds, "seed": seed}
+        if dataset is not None:
+            body["dataset"] = dataset
+        if source is not None or target is not None:
+            body["source"], body["target"] = encode_base64(source), encode_base64(target)
+        return dict(self._request("POST", "/v1/align", json=body))

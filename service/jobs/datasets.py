@@ -1,0 +1,327 @@
+"""Paired-embedding dataset files: validation on arrival, atomic storage, loading.
+
+A dataset is one ``.safetensors`` file (parsed with ``safetensors``, never pickle) with
+
+- ``source`` of shape ``(n, d_src)`` and ``target`` of shape ``(n, d_tgt)``, row ``i`` of both
+  embedding the same text;
+- optionally ``source_queries`` ``(m, d_src)`` and ``target_queries`` ``(m, d_tgt)`` with the
+  metadata entries ``query_ids`` (JSON list of ``m`` ids), ``corpus_ids`` (JSON list of ``n``
+  ids, the rows of ``source`` / ``target``) and ``qrels`` (JSON ``{query_id: {corpus_id:
+  grade}}``), which add retrieval figures to a job's scorecard.
+
+Tensors are float32, float16 or float64, two-dimensional and finite; there are at least 4
+pairs. Files are written to a temporary name in the same folder, fsynced and renamed, so a
+dataset is either completely there or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save
+
+from lead.errors import (
+    DecodeError,
+    InvalidInputError,
+    LimitExceededError,
+    NonFiniteError,
+    PayloadTooLargeError,
+    ShapeMismatchError,
+    TooFewPairsError,
+)
+
+__all__ = [
+    "MIN_PAIRS",
+    "PairedData",
+    "inspect_dataset",
+    "load_paired",
+    "publish",
+    "receive_upload",
+    "save_pairs",
+    "write_atomic",
+]
+
+MIN_PAIRS = 4
+_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64"}
+_TENSORS = ("source", "target", "source_queries", "target_queries")
+_RETRIEVAL_META = ("query_ids", "corpus_ids", "qrels")
+
+
+@dataclass(frozen=True)
+class PairedData:
+    """Paired embeddings read from a dataset file.
+
+    Attributes
+    ----------
+    source : ndarray of shape (n, d_src)
+    target : ndarray of shape (n, d_tgt)
+        Float32 or float64 (float16 files are widened to float32).
+    retrieval : dict or None
+        ``source_queries`` ``(m, d_src)`` or None, ``target_queries`` ``(m, d_tgt)``,
+        ``query_ids`` (m), ``corpus_ids`` (n), ``qrels``; None without queries.
+    """
+
+    source: np.ndarray
+    target: np.ndarray
+    retrieval: dict[str, Any] | None = None
+
+
+def _json_meta(meta: dict[str, str], key: str) -> Any:
+    try:
+        return json.loads(meta[key])
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"metadata entry {key!r} is not valid JSON: {exc}", param=key) from None
+
+
+def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
+    missing = [key for key in _RETRIEVAL_META if key not in meta]
+    if missing:
+        raise InvalidInputError(
+            f"query tensors need the metadata entries {', '.join(_RETRIEVAL_META)}; "
+            f"missing: {', '.join(missing)}",
+            param=missing[0],
+        )
+    query_ids, corpus_ids = _json_meta(meta, "query_ids"), _json_meta(meta, "corpus_ids")
+    qrels = _json_meta(meta, "qrels")
+    for key, ids, count in (("query_ids", query_ids, m), ("corpus_ids", corpus_ids, n)):
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise InvalidInputError(f"{key} must be a JSON list of strings", param=key)
+        if len(ids) != count:
+            raise ShapeMismatchError(
+                f"{key} has {len(ids)} ids for {count} rows",
+                expected=count,
+                got=len(ids),
+                param=key,
+            )
+    if not isinstance(qrels, dict) or not all(
+        isinstance(v, dict) and all(isinstance(g, int) for g in v.values()) for v in qrels.values()
+    ):
+        raise InvalidInputError(
+            "qrels must be a JSON object {query_id: {corpus_id: grade}}", param="qrels"
+        )
+
+
+def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
+    """Validate a dataset file and describe it.
+
+    Parameters
+    ----------
+    path : Path
+        A ``.safetensors`` file (see the module docstring for its layout).
+    max_rows : int
+        Largest accepted pair count ``n``.
+
+    Returns
+    -------
+    dict
+        ``pairs`` (n), ``source_dim``, ``target_dim``, ``dtype``, ``queries`` (m or None),
+        ``retrieval`` (bool), and ``source_model`` / ``target_model`` / ``name`` when the
+        metadata names them.
+
+    Raises
+    ------
+    DecodeError
+        If the file is not safetensors or its metadata is not JSON (HTTP 400).
+    InvalidInputError
+        Missing or unexpected tensors, a dtype other than float16/32/64, incomplete
+        retrieval metadata.
+    ShapeMismatchError
+        Tensors that are not 2-D, row counts or dimensions that disagree.
+    NonFiniteError
+        NaN or infinity in any tensor.
+    TooFewPairsError, LimitExceededError
+        Fewer than 4 or more than ``max_rows`` pairs.
+    """
+    try:
+        handle = safe_open(str(path), framework="np")
+    except Exception as exc:  # safetensors raises its own Rust-side error types
+        raise DecodeError(
+            f"the file is not a valid safetensors file: {exc}", param="file"
+        ) from None
+    with handle as f:
+        names, meta = set(f.keys()), f.metadata() or {}
+        unknown = sorted(names - set(_TENSORS))
+        if unknown or not {"source", "target"} <= names:
+            raise InvalidInputError(
+                "a dataset holds the tensors 'source' and 'target' (and optionally "
+                f"'source_queries', 'target_queries'); got {sorted(names)}",
+                param="file",
+            )
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: set[str] = set()
+        for name in sorted(names):
+            piece = f.get_slice(name)
+            dtype, shape = piece.get_dtype(), tuple(piece.get_shape())
+            if dtype not in _DTYPES:
+                raise InvalidInputError(
+                    f"tensor {name!r} has dtype {dtype}; use float32, float16 or float64",
+                    param=name,
+                )
+            if len(shape) != 2 or shape[1] < 1:
+                raise ShapeMismatchError(
+                    f"tensor {name!r} must be 2-D (rows, dim) with dim >= 1, got shape {shape}",
+                    expected="(rows, dim)",
+                    got=shape,
+                    param=name,
+                )
+            shapes[name], dtypes = shape, dtypes | {_DTYPES[dtype]}
+        n, d_src, d_tgt = shapes["source"][0], shapes["source"][1], shapes["target"][1]
+        if shapes["target"][0] != n:
+            raise ShapeMismatchError(
+                f"'source' has {n} rows but 'target' has {shapes['target'][0]}",
+                expected=n,
+                got=shapes["target"][0],
+                param="target",
+            )
+        if n < MIN_PAIRS:
+            raise TooFewPairsError(
+                f"a dataset needs at least {MIN_PAIRS} pairs, got {n}",
+                minimum=MIN_PAIRS,
+                got=n,
+                param="source",
+            )
+        if n > max_rows:
+            raise LimitExceededError(
+                f"{n} pairs exceed the limit of {max_rows}", limit=max_rows, got=n, param="source"
+            )
+        m = _check_queries(shapes, d_src, d_tgt)
+        if m is not None:
+            _check_retrieval_meta(meta, n, m)
+        for name in sorted(names):
+            if not np.isfinite(f.get_tensor(name)).all():
+                raise NonFiniteError(f"tensor {name!r} holds NaN or infinity", param=name)
+    info: dict[str, Any] = {
+        "pairs": n,
+        "source_dim": d_src,
+        "target_dim": d_tgt,
+        "dtype": "/".join(sorted(dtypes)),
+        "queries": m,
+        "retrieval": m is not None,
+    }
+    info.update({k: str(meta[k]) for k in ("name", "source_model", "target_model") if k in meta})
+    return info
+
+
+def _check_queries(shapes: dict[str, tuple[int, ...]], d_src: int, d_tgt: int) -> int | None:
+    if "target_queries" not in shapes:
+        if "source_queries" in shapes:
+            raise InvalidInputError(
+                "'source_queries' needs 'target_queries' too", param="target_queries"
+            )
+        return None
+    m = shapes["target_queries"][0]
+    wanted = {"target_queries": (m, d_tgt)}
+    if "source_queries" in shapes:
+        wanted["source_queries"] = (m, d_src)
+    for name, shape in wanted.items():
+        if shapes[name] != shape:
+            raise ShapeMismatchError(
+                f"tensor {name!r} must have shape {shape}, got {shapes[name]}",
+                expected=shape,
+                got=shapes[name],
+                param=name,
+            )
+    return m
+
+
+def load_paired(path: Path) -> PairedData:
+    """Read a dataset file validated by :func:`inspect_dataset`."""
+    with safe_open(str(path), framework="np") as f:
+        arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        meta = f.metadata() or {}
+    arrays = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in arrays.items()}
+    retrieval = None
+    if "target_queries" in arrays:
+        retrieval = {
+            "source_queries": arrays.get("source_queries"),
+            "target_queries": arrays["target_queries"],
+            **{key: json.loads(meta[key]) for key in _RETRIEVAL_META},
+        }
+    return PairedData(arrays["source"], arrays["target"], retrieval)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` all-or-nothing: temp file, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    publish(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_pairs(path: Path, source: np.ndarray, target: np.ndarray) -> None:
+    """Store inline pairs ``(n, d_src)``, ``(n, d_tgt)`` as a float32 dataset file, atomically."""
+    tensors = {
+        "source": np.ascontiguousarray(source, dtype=np.float32),
+        "target": np.ascontiguousarray(target, dtype=np.float32),
+    }
+    write_atomic(path, save(tensors))
+
+
+async def receive_upload(
+    chunks: AsyncIterator[bytes], tmp: Path, *, max_bytes: int
+) -> tuple[int, str]:
+    """Stream an upload into the temporary file ``tmp`` (fsynced), stopping past ``max_bytes``.
+
+    Returns
+    -------
+    size : int
+        Bytes written.
+    sha256 : str
+        Hex digest of the content.
+
+    Raises
+    ------
+    PayloadTooLargeError
+        As soon as more than ``max_bytes`` arrive (``tmp`` is removed).
+    DecodeError
+        If the body is empty.
+    """
+    digest, size = hashlib.sha256(), 0
+    try:
+        async with await anyio.open_file(tmp, "wb") as f:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PayloadTooLargeError(
+                        f"the dataset is larger than the limit of {max_bytes} bytes",
+                        limit=max_bytes,
+                        got=size,
+                        param="file",
+                    )
+                digest.update(chunk)
+                await f.write(chunk)
+            if size == 0:
+                raise DecodeError(
+                    "the request body is empty; send a .safetensors file", param="file"
+                )
+            await f.flush()
+            await anyio.to_thread.run_sync(os.fsync, f.wrapped.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Rename a complete, fsynced temporary file to its final name and fsync the folder."""
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)

@@ -1,0 +1,374 @@
+"""The jobs side of one server: start-up recovery, job creation, datasets, registration.
+
+:class:`JobManager` owns the data directory (:class:`~service.jobs.layout.DataLayout`), the
+SQLite store and the runner. Routes call it; it never fits or scores (the worker calls
+``lead``), and every failure is a :class:`lead.errors.LeadError` that ``service/errors.py``
+maps to HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import re
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+from lead.errors import (
+    ConflictError,
+    DecodeError,
+    IdempotencyKeyReusedError,
+    LeadError,
+    LimitExceededError,
+    NotReadyError,
+    ShapeMismatchError,
+)
+from service.encoding import decode_vectors
+from service.jobs.datasets import inspect_dataset, load_paired, publish, receive_upload, save_pairs
+from service.jobs.layout import DataLayout
+from service.jobs.runner import ProcessRunner, Runner
+from service.jobs.schemas import AlignRequest, JobCreate, PairsInput
+from service.jobs.store import DatasetRecord, JobRecord, JobStore, new_id
+from service.jobs.worker import WorkerConfig
+from service.registry import StitchRegistry
+from service.settings import Settings
+
+__all__ = ["JobManager", "request_hash"]
+
+logger = logging.getLogger("lead.jobs")
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a request body (sorted keys, no spaces)."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _slug(model: str) -> str:
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    return re.sub(r"[^a-z0-9._-]+", "-", name).strip("-._")[:40] or "model"
+
+
+def _decode_side(items: list[Any], name: str, limit: int) -> np.ndarray:
+    """Inline vectors (float arrays or base64 float32) → float32 ``(n, d)``, errors naming
+    ``name[i]``."""
+    if len(items) > limit:
+        raise LimitExceededError(
+            f"{name} has {len(items)} vectors; inline pairs are limited to {limit} "
+            "(upload a dataset with POST /v1/datasets for more)",
+            limit=limit,
+            got=len(items),
+            param=name,
+        )
+    try:
+        if not items:
+            raise DecodeError(f"{name} is empty", param=name)
+        first = items[0]
+        if isinstance(first, str):
+            try:
+                dim = len(base64.b64decode(first, validate=True)) // 4
+            except (binascii.Error, ValueError):
+                raise DecodeError(f"{name}[0] is not valid base64", param=f"{name}[0]") from None
+        else:
+            dim = len(first)
+        if dim < 1:
+            raise ShapeMismatchError(f"{name}[0] is empty", expected=">= 1", got=0, param=name)
+        return decode_vectors(items, dim)
+    except LeadError as exc:
+        exc.message = exc.message.replace("input", name).replace(
+            "the stitch expects", f"{name}[0] has"
+        )
+        exc.param = None if exc.param is None else exc.param.replace("input", name)
+        raise
+
+
+class JobManager:
+    """Training jobs and datasets under ``settings.data_dir``.
+
+    Parameters
+    ----------
+    settings : Settings
+        ``data_dir``, ``job_workers``, ``job_torch_threads``, ``job_nice``, ``hf_token``
+        and the dataset / inline / align limits.
+    registry : StitchRegistry, optional
+        Where trained stitches are registered for translation (saved ones at start too).
+    runner : Runner, optional
+        Default: a :class:`~service.jobs.runner.ProcessRunner`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: StitchRegistry | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.layout = DataLayout(Path(settings.data_dir).expanduser().resolve())
+        self.runner: Runner | None = runner
+        self._store: JobStore | None = None
+
+    @property
+    def store(self) -> JobStore:
+        """The job and dataset records (opened by :meth:`start`)."""
+        if self._store is None:
+            raise NotReadyError("the job store is not open yet")
+        return self._store
+
+    # -------------------------------------------------------------- life cycle
+    def start(self) -> None:
+        """Recover from the last run, register saved stitches, start the runner.
+
+        Leftovers of interrupted writes are removed; ``running`` jobs become ``failed``
+        (``interrupted``) and their partial stitch folders are removed; ``queued`` jobs are
+        submitted again.
+        """
+        self.layout.prepare()
+        self.layout.clean_leftovers()
+        self._store = JobStore(self.layout.db)
+        queued, interrupted = self.store.recover()
+        for stitch_id in interrupted:
+            shutil.rmtree(self.layout.stitch_dir(stitch_id), ignore_errors=True)
+        known = self.store.data_paths()
+        for path in [*self.layout.datasets.iterdir(), *self.layout.job_data.iterdir()]:
+            if self.layout.relative(path) not in known:  # written just before a crash
+                logger.warning("removing %s: no dataset or job refers to it", path)
+                path.unlink(missing_ok=True)
+        for folder in self.layout.stitch_dirs():
+            self._register(folder.name)
+        if self.runner is None:
+            token = self.settings.hf_token
+            config = WorkerConfig(
+                data_dir=str(self.layout.root),
+                torch_threads=self.settings.job_torch_threads,
+                nice=self.settings.job_nice,
+                hf_token=None if token is None else token.get_secret_value(),
+            )
+            self.runner = ProcessRunner(
+                self.store,
+                config,
+                workers=self.settings.job_workers,
+                on_succeeded=lambda job: self._register(job.stitch_id, strict=True),
+                cancel_grace_s=self.settings.job_cancel_grace_seconds,
+            )
+        self.runner.start()
+        for job_id in queued:
+            self.runner.submit(job_id)
+
+    def stop(self) -> None:
+        """Stop the runner (jobs still training become ``interrupted``)."""
+        if self.runner is not None:
+            self.runner.stop()
+        if self._store is not None:
+            self._store.close()
+
+    def _register(self, stitch_id: str, *, strict: bool = False) -> None:
+        if self.registry is None:
+            return
+        from lead.artifacts import load_stitch
+
+        try:
+            stitch = load_stitch(
+                self.layout.stitch_dir(stitch_id),
+                device=self.registry.device,
+                dtype=self.registry.dtype,
+            )
+            self.registry.register(stitch_id, stitch, origin="job")
+        except Exception:
+            if strict:
+                raise
+            logger.exception("trained stitch %s could not be served", stitch_id)
+
+    # -------------------------------------------------------------------- jobs
+    def create_job(
+        self, body: JobCreate, *, idempotency_key: str | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Validate a job request, store its data, queue it.
+
+        Returns
+        -------
+        job : JobRecord
+        created : bool
+            False when ``idempotency_key`` returned the job made earlier for the same body.
+
+        Raises
+        ------
+        IdempotencyKeyReusedError
+            If the key was used with a different body (HTTP 422).
+        DatasetNotFoundError
+            Unknown ``dataset``.
+        DecodeError, ShapeMismatchError, NonFiniteError, LimitExceededError, TooFewPairsError
+            Bad inline vectors, or too few pairs for the hold-out split.
+        ConflictError
+            If ``stitch_id`` is served, saved or produced by another job.
+        """
+        from lead.splits import holdout_split
+
+        request = body.model_dump(mode="json")
+        digest = request_hash(request)
+        if idempotency_key is not None:
+            earlier = self._idempotent(idempotency_key, digest)
+            if earlier is not None:
+                return earlier, False
+        job_id = new_id("job")
+        inline: tuple[np.ndarray, np.ndarray] | None = None
+        if body.dataset is not None:
+            dataset = self.store.get_dataset(body.dataset)
+            pairs, data_path = int(dataset.info["pairs"]), dataset.path
+        else:
+            assert body.source is not None and body.target is not None
+            inline = self._inline_pairs(body)
+            pairs, data_path = (
+                inline[0].shape[0],
+                self.layout.relative(self.layout.job_file(job_id)),
+            )
+        holdout_split(pairs, body.holdout_fraction, body.seed)  # enough pairs on both sides?
+        stitch_id = (
+            body.stitch_id
+            or f"{_slug(body.source_model)}-to-{_slug(body.target_model)}-{job_id[4:12]}"
+        )
+        if (self.registry is not None and stitch_id in self.registry) or self.layout.stitch_dir(
+            stitch_id
+        ).exists():
+            raise ConflictError(f"a stitch with id {stitch_id!r} exists already", param="stitch_id")
+        stored = {k: v for k, v in request.items() if k not in ("source", "target")}
+        if inline is not None:
+            save_pairs(self.layout.root / data_path, *inline)
+        try:
+            job = self.store.create_job(
+                job_id=job_id,
+                request=stored,
+                data_path=data_path,
+                dataset_id=body.dataset,
+                pairs=pairs,
+                stitch_id=stitch_id,
+                idempotency_key=idempotency_key,
+                request_hash=digest,
+            )
+        except BaseException as exc:
+            if inline is not None:
+                (self.layout.root / data_path).unlink(missing_ok=True)
+            if isinstance(exc, sqlite3.IntegrityError) and idempotency_key is not None:
+                earlier = self._idempotent(idempotency_key, digest)  # a concurrent twin won
+                if earlier is not None:
+                    return earlier, False
+            raise
+        assert self.runner is not None
+        self.runner.submit(job.id)
+        return job, True
+
+    def _idempotent(self, key: str, digest: str) -> JobRecord | None:
+        found = self.store.find_idempotent(key)
+        if found is None:
+            return None
+        job, earlier_digest = found
+        if earlier_digest != digest:
+            raise IdempotencyKeyReusedError(
+                f"Idempotency-Key {key!r} was used for job {job.id} with a different request "
+                "body; use a new key for a new job",
+                param="Idempotency-Key",
+            )
+        return job
+
+    def _inline_pairs(self, body: PairsInput) -> tuple[np.ndarray, np.ndarray]:
+        limit = self.settings.max_inline_pairs
+        assert body.source is not None and body.target is not None
+        source = _decode_side(body.source, "source", limit)
+        target = _decode_side(body.target, "target", limit)
+        if source.shape[0] != target.shape[0]:
+            raise ShapeMismatchError(
+                f"source has {source.shape[0]} vectors but target has {target.shape[0]}; "
+                "they must be pairs",
+                expected=source.shape[0],
+                got=target.shape[0],
+                param="target",
+            )
+        return source, target
+
+    def cancel_job(self, job_id: str) -> JobRecord:
+        """Cancel a queued job, or stop a running one (``cancelling`` until it has stopped).
+
+        Raises
+        ------
+        JobNotFoundError
+            Unknown job.
+        ConflictError
+            If the job has finished.
+        """
+        job = self.store.request_cancel(job_id)
+        if job.status == "cancelling" and self.runner is not None:
+            self.runner.cancel(job_id)
+        return job
+
+    # ---------------------------------------------------------------- datasets
+    async def upload_dataset(
+        self, chunks: AsyncIterator[bytes], *, name: str | None = None
+    ) -> DatasetRecord:
+        """Receive, validate and store a ``.safetensors`` dataset (see :mod:`.datasets`).
+
+        Raises
+        ------
+        PayloadTooLargeError
+            More than ``max_dataset_bytes`` (HTTP 413).
+        DecodeError
+            Not a safetensors file (HTTP 400).
+        InvalidInputError, ShapeMismatchError, NonFiniteError, TooFewPairsError, LimitExceededError
+            Content that is not a usable paired dataset (HTTP 4xx, see ``service/errors.py``).
+        """
+        dataset_id = new_id("ds")
+        final = self.layout.dataset_file(dataset_id)
+        tmp = final.with_name(f".tmp-{final.name}")
+        size, sha256 = await receive_upload(chunks, tmp, max_bytes=self.settings.max_dataset_bytes)
+        try:
+            info = await anyio.to_thread.run_sync(
+                partial(inspect_dataset, tmp, max_rows=self.settings.max_dataset_rows)
+            )
+            await anyio.to_thread.run_sync(publish, tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        info.update(bytes=size, sha256=sha256, name=name or info.get("name"))
+        try:
+            return await anyio.to_thread.run_sync(
+                self.store.add_dataset, dataset_id, info, self.layout.relative(final)
+            )
+        except BaseException:
+            final.unlink(missing_ok=True)
+            raise
+
+    def delete_dataset(self, dataset_id: str) -> DatasetRecord:
+        """Delete a dataset record and its file (409 while an unfinished job reads it)."""
+        record = self.store.delete_dataset(dataset_id)
+        (self.layout.root / record.path).unlink(missing_ok=True)
+        return record
+
+    # ------------------------------------------------------------------- align
+    def align(self, body: AlignRequest) -> dict[str, Any]:
+        """:func:`lead.alignment.alignment_scores` of a dataset or inline pairs (run it in a
+        thread). A dataset larger than ``max_align_pairs`` is scored on a seeded random
+        subset of that many pairs (the response's ``pairs`` says how many were used)."""
+        from lead.alignment import alignment_scores
+
+        if body.dataset is not None:
+            dataset = self.store.get_dataset(body.dataset)
+            data = load_paired(self.layout.root / dataset.path)
+            source, target = data.source, data.target
+        else:
+            source, target = self._inline_pairs(body)
+        scores = alignment_scores(
+            source,
+            target,
+            folds=body.folds,
+            seed=body.seed,
+            max_pairs=self.settings.max_align_pairs,
+        )
+        return {"object": "alignment", **scores}

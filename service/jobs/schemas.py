@@ -1,0 +1,286 @@
+"""Request and response models of the jobs, datasets and align routes (their OpenAPI docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.jobs.layout import STITCH_ID_PATTERN
+from service.jobs.store import DatasetRecord, JobRecord
+from service.schemas import ErrorEnvelope, error_responses
+
+__all__ = [
+    "AlignRequest",
+    "AlignResponse",
+    "DatasetList",
+    "DatasetOut",
+    "JobCreate",
+    "JobError",
+    "JobList",
+    "JobOut",
+    "JobProgress",
+    "JobResult",
+    "PairsInput",
+    "PushResult",
+    "job_error_responses",
+]
+
+_VECTORS = (
+    "{side}-model vectors of the pairs, row i of `source` and `target` embedding the same text: "
+    "float arrays, or base64 strings of little-endian float32 (one vector each)."
+)
+_RESERVED_OPTIONS = frozenset({"seed", "progress", "info", "method"})
+_HUB_REPO = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
+
+
+def job_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """:func:`service.schemas.error_responses` plus 409 (conflict)."""
+    plain = [s for s in statuses if s != 409]
+    out = error_responses(*plain)
+    if 409 in statuses:
+        out[409] = {
+            "model": ErrorEnvelope,
+            "description": "Conflict: the job has finished, the stitch id is taken, or the "
+            "dataset is still used by a job.",
+        }
+    return out
+
+
+class PairsInput(BaseModel):
+    """Paired embeddings: an uploaded dataset id, or ``source`` + ``target`` inline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str | None = Field(default=None, description="Id of an uploaded dataset (`ds_...`).")
+    source: list[list[float]] | list[str] | None = Field(
+        default=None, description=_VECTORS.format(side="Source")
+    )
+    target: list[list[float]] | list[str] | None = Field(
+        default=None, description=_VECTORS.format(side="Target")
+    )
+
+    @model_validator(mode="after")
+    def _one_kind_of_data(self) -> PairsInput:
+        inline = self.source is not None or self.target is not None
+        if self.dataset is not None and inline:
+            raise ValueError("give either `dataset` or `source` + `target`, not both")
+        if self.dataset is None and (self.source is None or self.target is None):
+            raise ValueError("give `dataset`, or both `source` and `target`")
+        return self
+
+
+class JobCreate(PairsInput):
+    """Body of ``POST /v1/jobs``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "source_model": "sentence-transformers/all-MiniLM-L6-v2",
+                    "target_model": "intfloat/multilingual-e5-small",
+                    "dataset": "ds_0123456789abcdef01234567",
+                    "method": "ridge",
+                },
+                {
+                    "source_model": "minilm",
+                    "target_model": "mpnet",
+                    "dataset": "ds_0123456789abcdef01234567",
+                    "method": "mlp",
+                    "options": {"hidden_dim": 256, "max_epochs": 30, "loss": "cosine"},
+                    "stitch_id": "minilm-to-mpnet-mlp",
+                },
+            ]
+        },
+    )
+
+    source_model: str = Field(min_length=1, max_length=200, description="Model of `source`.")
+    target_model: str = Field(min_length=1, max_length=200, description="Model of `target`.")
+    method: str = Field(
+        default="ridge",
+        description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`) or `mlp`.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
+        "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ... "
+        "Checked when the job runs: a bad value fails the job with a reason.",
+    )
+    holdout_fraction: float = Field(
+        default=0.2, gt=0, lt=1, description="Share of pairs held out for the scorecard."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the split and of the fit.")
+    push_to_hub: str | None = Field(
+        default=None,
+        pattern=_HUB_REPO,
+        description="Hub repo (`org/name`) to push the stitch to; needs LEAD_HF_TOKEN.",
+    )
+    stitch_id: str | None = Field(
+        default=None,
+        pattern=STITCH_ID_PATTERN,
+        description="Id of the resulting stitch; default `<source>-to-<target>-<job>`.",
+    )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        from lead.fitting import METHODS
+
+        if value.lower() not in METHODS:
+            raise ValueError(f"unknown method {value!r}; choose one of {', '.join(METHODS)}")
+        return value.lower()
+
+    @field_validator("options")
+    @classmethod
+    def _no_reserved_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(_RESERVED_OPTIONS & set(value))
+        if reserved:
+            raise ValueError(f"set {', '.join(reserved)} as top-level fields, not as options")
+        return value
+
+    @model_validator(mode="after")
+    def _two_models(self) -> JobCreate:
+        if self.source_model == self.target_model:
+            raise ValueError("source_model and target_model must differ")
+        return self
+
+
+class JobProgress(BaseModel):
+    stage: str | None = Field(
+        description="`starting`, `loading`, `fit` / `train`, `scoring`, `saving`, `pushing`, "
+        "`registering`, `done`; null while queued."
+    )
+    step: int
+    total: int
+    fraction: float = Field(ge=0, le=1, description="step / total of the current stage.")
+
+
+class JobError(BaseModel):
+    code: str = Field(examples=["fit_failed", "interrupted", "invalid_input"])
+    message: str
+
+
+class PushResult(BaseModel):
+    status: Literal["pending", "succeeded", "failed"]
+    repo_id: str | None = None
+    stitch: str | None = Field(default=None, description="`org/name@commit` once pushed.")
+    reason: str | None = Field(default=None, description="Why the push failed.")
+
+
+class JobResult(BaseModel):
+    stitch_id: str = Field(description="Serve it at once with `POST /v1/translate`.")
+    push: PushResult | None = None
+
+
+class JobOut(BaseModel):
+    object: Literal["job"] = "job"
+    id: str
+    status: Literal["queued", "running", "succeeded", "failed", "cancelling", "cancelled"]
+    source_model: str
+    target_model: str
+    method: str
+    options: dict[str, Any]
+    holdout_fraction: float
+    seed: int
+    dataset: str | None = Field(description="The dataset id, or null for inline pairs.")
+    pairs: int
+    stitch_id: str = Field(description="Id the stitch gets (or got).")
+    push_to_hub: str | None
+    progress: JobProgress
+    created_at: int = Field(description="Unix seconds.")
+    started_at: int | None
+    finished_at: int | None
+    scorecard: dict[str, Any] | None = Field(
+        description="lead.Scorecard.to_dict() on the held-out split (lead.holdout_split with "
+        "this job's holdout_fraction and seed)."
+    )
+    result: JobResult | None
+    error: JobError | None
+
+    @classmethod
+    def from_record(cls, job: JobRecord) -> JobOut:
+        r = job.request
+        fraction = 1.0 if job.status == "succeeded" else job.step / job.total if job.total else 0.0
+        return cls(
+            id=job.id,
+            status=job.status,  # type: ignore[arg-type]
+            source_model=r["source_model"],
+            target_model=r["target_model"],
+            method=r["method"],
+            options=r["options"],
+            holdout_fraction=r["holdout_fraction"],
+            seed=r["seed"],
+            dataset=job.dataset_id,
+            pairs=job.pairs,
+            stitch_id=job.stitch_id,
+            push_to_hub=r.get("push_to_hub"),
+            progress=JobProgress(
+                stage=job.stage, step=job.step, total=job.total, fraction=min(fraction, 1.0)
+            ),
+            created_at=int(job.created_at),
+            started_at=None if job.started_at is None else int(job.started_at),
+            finished_at=None if job.finished_at is None else int(job.finished_at),
+            scorecard=job.scorecard,
+            result=None if job.result is None else JobResult.model_validate(job.result),
+            error=None if job.error is None else JobError.model_validate(job.error),
+        )
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobOut]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool = Field(description="Ask again with `after=<last_id>` for more.")
+
+
+class DatasetOut(BaseModel):
+    object: Literal["dataset"] = "dataset"
+    id: str
+    name: str | None
+    pairs: int
+    source_dim: int
+    target_dim: int
+    dtype: str = Field(description="Stored dtype(s): float32, float16, float64.")
+    queries: int | None = Field(description="Query rows, when the file has queries.")
+    retrieval: bool = Field(description="Whether job scorecards get retrieval figures.")
+    source_model: str | None = None
+    target_model: str | None = None
+    bytes: int
+    sha256: str
+    created_at: int
+
+    @classmethod
+    def from_record(cls, record: DatasetRecord) -> DatasetOut:
+        return cls(id=record.id, created_at=int(record.created_at), **record.info)
+
+
+class DatasetList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DatasetOut]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class AlignRequest(PairsInput):
+    """Body of ``POST /v1/align``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folds: int = Field(default=5, ge=2, le=20, description="Folds of the cross-validated R².")
+    seed: int = Field(default=0, ge=0, description="Seed of the folds.")
+
+
+class AlignResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    object: Literal["alignment"] = "alignment"
+    pairs: int
+    linear_cka_score: float = Field(description="Linear CKA (Kornblith et al. 2019), 0..1.")
+    mutual_knn_score: float = Field(description="Mutual k-NN overlap (Huh et al. 2024), 0..1.")
+    ridge_r2_score: float = Field(
+        description="Cross-validated ridge R², the 'alignability' (1 best; ≤ 0 no better than "
+        "the mean)."
+    )

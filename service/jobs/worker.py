@@ -1,0 +1,261 @@
+"""The training worker: a separate (spawned) process that runs one job at a time.
+
+:func:`worker_main` is the process entry point: it limits torch's threads, lowers its CPU
+priority (so translation in the server process stays fast), opens its own SQLite
+connection, and then runs the jobs its runner sends it. :func:`run_job` is one job:
+
+1. load the pairs, split them with :func:`lead.splits.holdout_split` (the job's
+   ``holdout_fraction`` and ``seed``);
+2. fit on the training rows with :func:`lead.fit_stitch`, reporting progress to SQLite and
+   stopping (:class:`~lead.errors.JobCancelledError`) once the job is ``cancelling``;
+3. score on the held-out rows with :func:`lead.scorecard.score_stitch`;
+4. save the stitch atomically under ``stitches/<stitch_id>`` and store the scorecard;
+5. push it to the Hub when asked.
+
+A failure is stored as ``{code, message}``; the runner, told through the event queue,
+registers a successful stitch in the server and marks the job ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import connection, parent_process
+from multiprocessing.queues import Queue
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lead.errors import ConflictError, JobCancelledError, LeadError
+from service.jobs.layout import DataLayout
+from service.jobs.store import JobRecord, JobStore
+
+__all__ = ["WorkerConfig", "run_job", "worker_main"]
+
+logger = logging.getLogger("lead.jobs.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker process needs (picklable: it crosses the spawn boundary).
+
+    Attributes
+    ----------
+    data_dir : str
+        ``LEAD_DATA_DIR``.
+    torch_threads : int
+        ``torch.set_num_threads`` in the worker.
+    nice : int
+        Added to the worker's CPU niceness (0 keeps the server's priority).
+    hf_token : str or None
+        Token for :func:`lead.artifacts.push_stitch`.
+    progress_interval_s : float
+        Least time between two progress writes / cancellation checks.
+    """
+
+    data_dir: str
+    torch_threads: int = 1
+    nice: int = 10
+    hf_token: str | None = None
+    progress_interval_s: float = 0.2
+
+
+class _Progress:
+    """The progress callback: throttled writes to SQLite, and the cancellation check."""
+
+    def __init__(self, store: JobStore, job_id: str, interval_s: float) -> None:
+        self.store, self.job_id, self.interval_s = store, job_id, interval_s
+        self._stage: str | None = None
+        self._last = 0.0
+
+    def __call__(self, stage: str, step: int, total: int) -> None:
+        now = time.monotonic()
+        if stage == self._stage and step < total and now - self._last < self.interval_s:
+            return
+        self._stage, self._last = stage, now
+        self.store.update_progress(self.job_id, stage, step, total)
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`JobCancelledError` unless the job is still ``running``."""
+        status = self.store.job_status(self.job_id)
+        if status != "running":
+            raise JobCancelledError(f"job {self.job_id} is {status}; training stopped")
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    if isinstance(exc, LeadError):
+        from service.errors import kind_of  # the one exception → code table
+
+        return {"code": kind_of(exc).code, "message": exc.message}
+    return {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def _unit_rows(vectors: np.ndarray) -> bool:
+    """Whether every row of ``vectors`` (n, d) has unit L2 norm (to 1e-3)."""
+    norms = np.linalg.norm(vectors.astype(np.float64, copy=False), axis=1)
+    return bool(np.allclose(norms, 1.0, atol=1e-3))
+
+
+def _retrieval_data(data: Any, test_idx: Any) -> Any:
+    from lead.scorecard import RetrievalData
+
+    if data.retrieval is None:
+        return None
+    r = data.retrieval
+    return RetrievalData(
+        target_queries=r["target_queries"],
+        source_queries=r["source_queries"],
+        query_ids=r["query_ids"],
+        corpus_ids=[r["corpus_ids"][i] for i in test_idx],
+        qrels=r["qrels"],
+    )
+
+
+def _push(folder: Path, repo_id: str, token: str | None) -> dict[str, Any]:
+    from lead.artifacts import push_stitch
+
+    if not token:
+        return {
+            "status": "failed",
+            "repo_id": repo_id,
+            "reason": "no Hugging Face token configured (LEAD_HF_TOKEN); the stitch is kept here",
+        }
+    try:
+        pushed = push_stitch(folder, repo_id, token=token)
+    except LeadError as exc:
+        return {"status": "failed", "repo_id": repo_id, "reason": exc.message}
+    except Exception as exc:  # the push never fails the job; the stitch is kept locally
+        return {"status": "failed", "repo_id": repo_id, "reason": f"{type(exc).__name__}: {exc}"}
+    return {"status": "succeeded", "repo_id": repo_id, "stitch": pushed}
+
+
+def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerConfig) -> str:
+    """Run one claimed (``running``) job to its end; return its outcome.
+
+    Returns
+    -------
+    str
+        ``"succeeded"`` (stitch saved, scorecard stored; the runner finishes the job),
+        ``"failed"`` or ``"cancelled"`` (already stored).
+    """
+    from lead.artifacts import save_stitch
+    from lead.fitting import fit_stitch
+    from lead.scorecard import score_stitch
+    from lead.splits import holdout_split
+    from lead.stitches import StitchInfo
+    from service.jobs.datasets import load_paired
+
+    request = job.request
+    progress = _Progress(store, job.id, config.progress_interval_s)
+    try:
+        progress("loading", 0, 1)
+        data = load_paired(layout.root / job.data_path)
+        train_idx, test_idx = holdout_split(
+            data.source.shape[0], request["holdout_fraction"], request["seed"]
+        )
+        Y_train = data.target[train_idx]
+        info = StitchInfo(
+            source_model=request["source_model"],
+            target_model=request["target_model"],
+            source_normalized=_unit_rows(data.source),
+            target_normalized=_unit_rows(data.target),
+        )
+        info.fit = {"data": request.get("dataset") or "inline", "job_id": job.id}
+        stitch = fit_stitch(
+            data.source[train_idx],
+            Y_train,
+            request["method"],
+            info=info,
+            seed=request["seed"],
+            progress=progress,
+            **request["options"],
+        )
+        progress("scoring", 0, 1)
+        card = score_stitch(
+            stitch,
+            data.source[test_idx],
+            data.target[test_idx],
+            target_train_mean=Y_train.mean(axis=0),  # as `lead fit` / `lead score` do
+            retrieval=_retrieval_data(data, test_idx),
+        ).to_dict()
+        stitch.info.scorecard = card
+        stitch.info.fit["holdout_fraction"] = request["holdout_fraction"]
+        progress("saving", 0, 1)
+        progress.check()
+        folder = layout.stitch_dir(job.stitch_id)
+        if folder.exists():
+            raise ConflictError(
+                f"a stitch folder {job.stitch_id!r} exists already", param="stitch_id"
+            )
+        save_stitch(stitch, folder)
+        repo_id = request.get("push_to_hub")
+        result: dict[str, Any] = {"stitch_id": job.stitch_id, "push": None}
+        if repo_id:
+            result["push"] = {"status": "pending", "repo_id": repo_id}
+        if not store.set_outcome(job.id, scorecard=card, result=result):
+            shutil.rmtree(folder, ignore_errors=True)  # settled meanwhile (a restart): no stitch
+            raise JobCancelledError(f"job {job.id} is no longer running")
+        if repo_id:
+            progress("pushing", 0, 1)
+            result["push"] = _push(folder, repo_id, config.hf_token)
+            store.set_outcome(job.id, scorecard=card, result=result)
+        return "succeeded"
+    except JobCancelledError:
+        store.finish_job(job.id, "cancelled")
+        return "cancelled"
+    except Exception as exc:
+        if not isinstance(exc, LeadError):
+            logger.error("job %s failed:\n%s", job.id, traceback.format_exc())
+        store.finish_job(job.id, "failed", error=_error(exc))
+        return "failed"
+
+
+def _exit_with_parent() -> None:
+    """Exit at once when the server process dies (so no orphan keeps writing files)."""
+    parent = parent_process()
+    if parent is None:
+        return
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        connection.wait([sentinel])
+        os._exit(3)
+
+    threading.Thread(target=watch, name="lead-parent-watch", daemon=True).start()
+
+
+def worker_main(
+    config: WorkerConfig, slot: int, tasks: Queue[str | None], events: Queue[tuple[Any, ...]]
+) -> None:
+    """Entry point of a worker process: run the jobs sent on ``tasks`` until ``None``.
+
+    Each job id arrives already claimed (``running``) by the runner; the worker answers
+    ``("finished", slot, job_id, outcome)`` on ``events``.
+    """
+    _exit_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    if config.nice:
+        os.nice(config.nice)
+    import torch
+
+    import lead.training  # noqa: F401  (import the heavy modules before the first job)
+
+    torch.set_num_threads(max(1, config.torch_threads))
+    layout = DataLayout(Path(config.data_dir))
+    store = JobStore(layout.db)
+    events.put(("ready", slot, os.getpid()))
+    while (job_id := tasks.get()) is not None:
+        try:
+            outcome = run_job(store, layout, store.get_job(job_id), config)
+        except Exception:  # the store itself failed; the runner marks the job failed
+            logger.error("job %s crashed the worker loop:\n%s", job_id, traceback.format_exc())
+            outcome = "crashed"
+        events.put(("finished", slot, job_id, outcome))

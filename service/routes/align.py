@@ -1,0 +1,29 @@
+"""``POST /v1/align``: how well two embedding spaces align, from paired vectors.
+
+Synchronous (no job): :func:`lead.alignment.alignment_scores` runs in the thread pool, on
+at most ``LEAD_MAX_ALIGN_PAIRS`` pairs (a seeded subset of a larger dataset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.jobs.deps import JobsDep
+from service.jobs.schemas import AlignRequest, AlignResponse, job_error_responses
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["align"])
+
+
+@router.post(
+    "/v1/align",
+    response_model=AlignResponse,
+    responses=job_error_responses(400, 404, 413, 422),
+    summary="Score the alignment of two paired embedding sets",
+)
+def align(body: AlignRequest, jobs: JobsDep) -> dict[str, Any]:
+    """Linear CKA, mutual k-NN and cross-validated ridge R² ("alignability") of the pairs."""
+    return jobs.align(body)

@@ -1,0 +1,137 @@
+"""Paired-embedding datasets: ``POST /v1/datasets`` (upload), ``GET /v1/datasets``,
+``GET /v1/datasets/{id}``, ``DELETE /v1/datasets/{id}``.
+
+The upload is a ``.safetensors`` file, sent as the raw body
+(``Content-Type: application/octet-stream``) or as the ``file`` field of a
+``multipart/form-data`` form. It streams to disk under the size limit, is validated
+(``service.jobs.datasets``) and renamed into place, never parsed with pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+
+from lead.errors import InvalidInputError, UnsupportedMediaTypeError
+from service.jobs.deps import JobsDep
+from service.jobs.schemas import DatasetList, DatasetOut, job_error_responses
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["datasets"])
+
+_RAW_TYPES = ("application/octet-stream", "application/x-safetensors")
+_CHUNK = 1 << 20
+
+_UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A .safetensors file with tensors `source` (n, d_src) and `target` "
+        "(n, d_tgt), float32/float16/float64, n >= 4; optionally `source_queries`, "
+        "`target_queries` and the metadata entries `query_ids`, `corpus_ids`, `qrels` (JSON) "
+        "for retrieval scores.",
+        "content": {
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "name": {"type": "string"},
+                    },
+                    "required": ["file"],
+                }
+            },
+        },
+    }
+}
+
+
+class DatasetDeleted(BaseModel):
+    id: str
+    object: Literal["dataset.deleted"] = "dataset.deleted"
+    deleted: bool = True
+
+
+async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+    while chunk := await upload.read(_CHUNK):
+        yield chunk
+
+
+@router.post(
+    "/v1/datasets",
+    status_code=201,
+    response_model=DatasetOut,
+    responses=job_error_responses(400, 413, 415, 422),
+    openapi_extra=_UPLOAD_BODY,
+    summary="Upload a paired-embedding dataset",
+)
+async def upload_dataset(
+    request: Request,
+    response: Response,
+    jobs: JobsDep,
+    name: Annotated[str | None, Query(max_length=200, description="A label.")] = None,
+) -> DatasetOut:
+    """Store a dataset for jobs and alignment; answers 201 with its id and shapes."""
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type in _RAW_TYPES:
+        record = await jobs.upload_dataset(request.stream(), name=name)
+    elif media_type == "multipart/form-data":
+        async with request.form(max_files=1, max_fields=4) as form:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise InvalidInputError(
+                    "the multipart form needs a file field named 'file'", param="file"
+                )
+            label = form.get("name")
+            record = await jobs.upload_dataset(
+                _file_chunks(upload), name=name or (label if isinstance(label, str) else None)
+            )
+    else:
+        raise UnsupportedMediaTypeError(
+            "send the .safetensors file as application/octet-stream or multipart/form-data, "
+            f"not {content_type or 'no Content-Type'!r}",
+            param="Content-Type",
+        )
+    response.headers["Location"] = f"/v1/datasets/{record.id}"
+    return DatasetOut.from_record(record)
+
+
+@router.get("/v1/datasets", response_model=DatasetList, responses=job_error_responses(404))
+def list_datasets(
+    jobs: JobsDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="List the datasets before this id.")] = None,
+) -> DatasetList:
+    """Datasets, newest first."""
+    records, has_more = jobs.store.list_datasets(limit=limit, after=after)
+    data = [DatasetOut.from_record(r) for r in records]
+    return DatasetList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+@router.get(
+    "/v1/datasets/{dataset_id}", response_model=DatasetOut, responses=job_error_responses(404)
+)
+def get_dataset(dataset_id: str, jobs: JobsDep) -> DatasetOut:
+    """One dataset's shapes, dtype, size and checksum."""
+    return DatasetOut.from_record(jobs.store.get_dataset(dataset_id))
+
+
+@router.delete(
+    "/v1/datasets/{dataset_id}",
+    response_model=DatasetDeleted,
+    responses=job_error_responses(404, 409),
+)
+def delete_dataset(dataset_id: str, jobs: JobsDep) -> DatasetDeleted:
+    """Delete a dataset (409 while a queued or running job uses it)."""
+    return DatasetDeleted(id=jobs.delete_dataset(dataset_id).id)

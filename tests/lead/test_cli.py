@@ -1,0 +1,247 @@
+"""The ``lead`` command line on the real SciFact fixture: fit, score, translate, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from lead.artifacts import load_stitch
+from lead.cli import main
+from tests.conftest import FIXTURES
+
+DATA = FIXTURES / "scifact_small.safetensors"
+MINILM, MPNET = "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-mpnet-base-v2"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _fit_args(out: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--source",
+        f"{DATA}:minilm_corpus",
+        "--target",
+        f"{DATA}:mpnet_corpus",
+        "--source-model",
+        MINILM,
+        "--target-model",
+        MPNET,
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("cli") / "minilm-to-mpnet"
+    capture: list[str] = []
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        assert main(_fit_args(out, "--method", "ridge")) == 0
+    capture.append(stdout.getvalue())
+    return out, json.loads(capture[0])
+
+
+def test_fit_prints_a_sensible_scorecard_and_saves_the_stitch(fitted: tuple[Path, dict]) -> None:
+    out, scorecard = fitted
+    assert scorecard["pairs"] == 80
+    assert scorecard["r2_score"] > 0.2
+    assert scorecard["top1_accuracy_score"] > 10 / 80
+    stitch = load_stitch(out)
+    assert stitch.info.source_model == MINILM and stitch.info.target_model == MPNET
+    assert stitch.info.scorecard == scorecard
+    fit = stitch.info.fit
+    assert fit["method"] == "ridge" and fit["pairs"] == 320
+    assert fit["holdout"] == {
+        "fraction": 0.2,
+        "seed": 0,
+        "from_pair": None,
+        "train_pairs": 320,
+        "test_pairs": 80,
+    }
+    assert fit["data"] == [
+        {"source": f"{DATA}:minilm_corpus", "target": f"{DATA}:mpnet_corpus", "rows": 400}
+    ]
+    assert stitch.normalize_output is True
+
+
+def test_score_reproduces_the_fit_scorecard(
+    fitted: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, scorecard = fitted
+    args = [
+        "score",
+        str(out),
+        "--source",
+        f"{DATA}:minilm_corpus",
+        "--target",
+        f"{DATA}:mpnet_corpus",
+    ]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again.keys() == scorecard.keys()
+    for key, value in scorecard.items():
+        if isinstance(value, float):
+            assert again[key] == pytest.approx(value, rel=1e-9), key
+    assert again["baselines"]["mean_estimator"] == pytest.approx(
+        scorecard["baselines"]["mean_estimator"], rel=1e-9
+    )
+    assert main([*args, "--all"]) == 0
+    everything = json.loads(capsys.readouterr().out)
+    assert everything["pairs"] == 400 and everything["r2_score"] > scorecard["r2_score"]
+
+
+def test_fit_mixes_datasets_and_holds_out_from_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = [
+        "--source",
+        f"{DATA}:minilm_queries",
+        "--target",
+        f"{DATA}:mpnet_queries",
+        "--holdout-from",
+        "1",
+        "--method",
+        "procrustes",
+        "--option",
+        "scaling=true",
+    ]
+    assert main(_fit_args(tmp_path / "mixed", *extra)) == 0
+    assert json.loads(capsys.readouterr().out)["pairs"] == 80
+    stitch = load_stitch(tmp_path / "mixed")
+    assert stitch.architecture == "orthogonal" and stitch.get_config() == {"scaling": True}
+    assert stitch.info.fit["pairs"] == 320 + 100
+    assert stitch.info.fit["holdout"]["from_pair"] == 1
+    assert len(stitch.info.fit["data"]) == 2
+
+
+def test_fit_mlp_with_options_and_no_holdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = [
+        "--method",
+        "mlp",
+        "--option",
+        "hidden_dim=16",
+        "--option",
+        "max_epochs=2",
+        "--holdout",
+        "0",
+        "--no-normalize-output",
+    ]
+    assert main(_fit_args(tmp_path / "mlp", *options)) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) is None
+    assert "train" in captured.err  # the progress bar
+    stitch = load_stitch(tmp_path / "mlp")
+    assert stitch.get_config() == {"hidden_dim": 16, "depth": 1}
+    assert stitch.info.scorecard is None and stitch.normalize_output is False
+
+
+@pytest.mark.parametrize("output", ["out.npy", "out.safetensors"])
+def test_translate_streams_the_whole_file(
+    fitted: tuple[Path, dict], tmp_path: Path, output: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    target = tmp_path / output
+    args = [
+        "translate",
+        str(out),
+        "--input",
+        f"{DATA}:minilm_queries",
+        "--output",
+        str(target),
+        "--batch-size",
+        "7",
+    ]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out) == {"output": str(target), "rows": 100, "dim": 768}
+    got = np.load(target) if output.endswith(".npy") else load_file(target)["embeddings"]
+    source = load_file(DATA)["minilm_queries"]
+    with torch.no_grad():
+        expected = load_stitch(out)(torch.from_numpy(source)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--method", "pca"], "unknown method"),
+        (["--option", "alpha"], "key=value"),
+        (["--option", "beta=1"], "unknown option"),
+        (["--source", f"{DATA}:minilm_queries"], "as many --source"),
+        (["--holdout", "1.5"], "--holdout"),
+        (["--holdout-from", "3"], "--holdout-from"),
+    ],
+)
+def test_fit_errors_exit_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(_fit_args(tmp_path / "x", *args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_data_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "fit",
+        "--source",
+        f"{DATA}:minilm_corpus",
+        "--target",
+        f"{DATA}:mpnet_queries",
+        "--source-model",
+        "a",
+        "--target-model",
+        "b",
+        "--out",
+        str(tmp_path / "x"),
+    ]
+    assert main(args) == 2
+    assert "400 rows" in capsys.readouterr().err
+    args[2] = str(tmp_path / "missing.npy")
+    assert main(args) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_translate_and_score_errors_exit_2(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    wrong = [
+        "translate",
+        str(out),
+        "--input",
+        f"{DATA}:mpnet_queries",
+        "--output",
+        str(tmp_path / "o.npy"),
+    ]
+    assert main(wrong) == 2
+    assert "expects 384" in capsys.readouterr().err
+    assert not (tmp_path / "o.npy").exists()
+    missing = ["score", str(tmp_path / "none"), "--source", str(DATA), "--target", str(DATA)]
+    assert main(missing) == 2
+    assert "no stitch" in capsys.readouterr().err
+
+
+def test_usage_errors_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main(["fit"]) == 2  # missing required arguments
+    assert main(["--help"]) == 0
+    assert "translate" in capsys.readouterr().out

@@ -1,0 +1,230 @@
+"""lead.client.LeadClient and the remote ``lead`` subcommands, against the real app (ASGI,
+through Starlette's TestClient, which is an httpx.Client): upload, train, wait, translate,
+align, cancel, and errors raised as LeadError subclasses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from safetensors.numpy import save
+
+from lead import _remote_cli
+from lead.alignment import alignment_scores
+from lead.artifacts import load_stitch
+from lead.cli import main
+from lead.client import LeadClient
+from lead.errors import (
+    AuthenticationError,
+    ConflictError,
+    DatasetNotFoundError,
+    DecodeError,
+    IdempotencyKeyReusedError,
+    JobNotFoundError,
+    TooFewPairsError,
+)
+from service.app import create_app
+from service.settings import Settings
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MPNET = "sentence-transformers/all-mpnet-base-v2"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("client-data")
+
+
+@pytest.fixture(scope="module")
+def http(data_dir: Path) -> Iterator[TestClient]:
+    settings = Settings(stitches=[], data_dir=data_dir, device="cpu", load_in_background=False)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def lead(http: TestClient) -> LeadClient:
+    return LeadClient(http=http)
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory: pytest.TempPathFactory, scifact_small: Any) -> Path:
+    path = tmp_path_factory.mktemp("files") / "pairs.safetensors"
+    path.write_bytes(
+        save({"source": scifact_small.corpus["minilm"], "target": scifact_small.corpus["mpnet"]})
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(lead: LeadClient, pairs_file: Path) -> dict[str, Any]:
+    dataset = lead.upload_dataset(pairs_file, name="minilm-mpnet")
+    job = lead.submit_job(MINILM, MPNET, dataset=dataset["id"], seed=1)
+    seen: list[str] = []
+    done = lead.wait_job(
+        job["id"], poll_interval=0.05, on_update=lambda j: seen.append(j["status"])
+    )
+    return {"dataset": dataset, "job": done, "seen": seen}
+
+
+def test_upload_train_wait_translate(
+    lead: LeadClient, trained: dict[str, Any], data_dir: Path, scifact_small: Any
+) -> None:
+    assert trained["dataset"]["pairs"] == 400 and trained["dataset"]["name"] == "minilm-mpnet"
+    job = trained["job"]
+    assert job["status"] == "succeeded", job
+    assert trained["seen"][-1] == "succeeded" and set(trained["seen"]) <= {
+        "queued",
+        "running",
+        "succeeded",
+    }
+    x = scifact_small.queries["minilm"][:6]
+    y = lead.translate(x, stitch=job["result"]["stitch_id"])
+    stitch = load_stitch(data_dir / "stitches" / job["result"]["stitch_id"])
+    with torch.inference_mode():
+        expected = stitch(torch.from_numpy(x)).numpy()
+    assert y.dtype == np.float32 and y.shape == (6, 768)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    by_models = lead.translate(x, source_model=MINILM, target_model=MPNET)
+    np.testing.assert_array_equal(by_models, y)
+    listed = lead.list_jobs(limit=5)
+    assert listed["data"][0]["id"] == job["id"]
+    assert lead.get_dataset(trained["dataset"]["id"]) == trained["dataset"]
+
+
+def test_align_inline_and_by_dataset(lead: LeadClient, scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"][:40], scifact_small.corpus["pml3"][:40]
+    got = lead.align(source=X, target=Y, folds=2)
+    assert got.pop("object") == "alignment"
+    assert got == pytest.approx(alignment_scores(X, Y, folds=2))
+    dataset = lead.upload_pairs(X, Y)
+    by_id = lead.align(dataset=dataset["id"], folds=2)
+    assert by_id["linear_cka_score"] == pytest.approx(got["linear_cka_score"])
+
+
+def test_errors_are_lead_errors(
+    lead: LeadClient, trained: dict[str, Any], scifact_small: Any
+) -> None:
+    with pytest.raises(JobNotFoundError) as missing:
+        lead.get_job("job_missing")
+    assert missing.value.status_code == 404  # type: ignore[attr-defined]
+    assert missing.value.request_id  # type: ignore[attr-defined]
+    with pytest.raises(DatasetNotFoundError):
+        lead.submit_job(MINILM, MPNET, dataset="ds_missing")
+    with pytest.raises(ConflictError):
+        lead.cancel_job(trained["job"]["id"])
+    with pytest.raises(DecodeError):
+        lead.upload_dataset(b"not safetensors")
+    X = scifact_small.corpus["minilm"][:5]
+    with pytest.raises(TooFewPairsError):
+        lead.submit_job(MINILM, MPNET, source=X, target=scifact_small.corpus["mpnet"][:5])
+    body = {"dataset": trained["dataset"]["id"], "idempotency_key": "client-key"}
+    first = lead.submit_job(MINILM, MPNET, stitch_id="from-the-client", **body)
+    assert lead.submit_job(MINILM, MPNET, stitch_id="from-the-client", **body)["id"] == first["id"]
+    with pytest.raises(IdempotencyKeyReusedError):
+        lead.submit_job(MINILM, MPNET, stitch_id="other-id", **body)
+    assert lead.wait_job(first["id"], poll_interval=0.05)["status"] == "succeeded"
+
+
+def test_wait_timeout_then_cancel(lead: LeadClient, trained: dict[str, Any]) -> None:
+    options = {"hidden_dim": 16, "batch_size": 64, "max_epochs": 100000, "patience": 100000}
+    job = lead.submit_job(
+        MINILM, MPNET, dataset=trained["dataset"]["id"], method="mlp", options=options
+    )
+    with pytest.raises(TimeoutError):
+        lead.wait_job(job["id"], poll_interval=0.05, timeout=0.2)
+    assert lead.cancel_job(job["id"])["status"] in ("cancelled", "cancelling")
+    assert lead.wait_job(job["id"], poll_interval=0.05)["status"] == "cancelled"
+
+
+def test_server_url_and_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAD_SERVER_URL", "http://lead.example:9000")
+    monkeypatch.setenv("LEAD_API_KEY", "secret")
+    with LeadClient() as client:
+        assert str(client.http.base_url) == "http://lead.example:9000"
+        assert client._headers == {"Authorization": "Bearer secret"}
+
+
+def test_api_keys_are_sent(tmp_path: Path) -> None:
+    settings = Settings(stitches=[], data_dir=tmp_path, device="cpu", api_keys=["k1"])
+    with TestClient(create_app(settings)) as http:
+        assert LeadClient(http=http, api_key="k1").list_datasets()["data"] == []
+        with pytest.raises(AuthenticationError):
+            LeadClient(http=http, api_key="wrong").list_datasets()
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def cli(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """``cli(*argv) -> (status, stdout JSON or None, stderr)`` with the app as the server."""
+    monkeypatch.setattr(_remote_cli, "connect", lambda args: LeadClient(http=http))
+
+    def run(*argv: str) -> tuple[int, Any, str]:
+        status = main(list(argv))
+        out, err = capsys.readouterr()
+        return status, json.loads(out) if out.strip() else None, err
+
+    return run
+
+
+def test_cli_datasets_jobs_align(cli: Any, pairs_file: Path) -> None:
+    status, dataset, _ = cli("datasets", "upload", str(pairs_file), "--name", "cli")
+    assert status == 0 and dataset["name"] == "cli"
+    status, job, err = cli(
+        "jobs", "submit", "--dataset", dataset["id"], "--source-model", MINILM,
+        "--target-model", MPNET, "--option", "alpha=0.01", "--seed", "2", "--wait",
+        "--interval", "0.05",
+    )  # fmt: skip
+    assert status == 0, err
+    assert job["status"] == "succeeded" and job["options"] == {"alpha": 0.01}
+    assert job["seed"] == 2
+    status, listed, _ = cli("jobs", "list", "--limit", "1")
+    assert status == 0 and listed["data"][0]["id"] == job["id"]
+    status, again, _ = cli("jobs", "get", job["id"])
+    assert status == 0 and again == job
+    status, waited, _ = cli("jobs", "wait", job["id"], "--interval", "0.05")
+    assert status == 0 and waited["status"] == "succeeded"
+    status, _, err = cli("jobs", "cancel", job["id"])
+    assert status == 2 and "already finished" in err
+    status, scores, _ = cli("align", "--dataset", dataset["id"], "--folds", "2")
+    assert status == 0 and scores["pairs"] == 400
+    status, deleted, _ = cli("datasets", "delete", dataset["id"])
+    assert status == 0 and deleted["deleted"] is True
+
+
+def test_cli_submit_from_files_and_local_align(cli: Any, pairs_file: Path) -> None:
+    status, job, err = cli(
+        "jobs", "submit", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
+        "--source-model", MINILM, "--target-model", "mpnet-copy", "--method", "procrustes",
+    )  # fmt: skip
+    assert status == 0, err
+    assert job["status"] == "queued" and job["pairs"] == 400 and job["dataset"]
+    status, local, _ = cli(
+        "align", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
+        "--folds", "2", "--max-pairs", "60",
+    )  # fmt: skip
+    assert status == 0 and local["pairs"] == 60
+
+
+def test_cli_unreachable_server(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def connect(args: argparse.Namespace) -> LeadClient:
+        return LeadClient(http=httpx.Client(transport=httpx.MockTransport(refuse)))
+
+    monkeypatch.setattr(_remote_cli, "connect", connect)
+    assert main(["jobs", "list", "--server", "http://127.0.0.1:1"]) == 2
+    assert "cannot reach the LEAD server at http://127.0.0.1:1" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""POST /v1/align: lead.alignment_scores of inline pairs or a dataset, the size cap, and every
+bad request (each followed by a good one)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from jobs_helpers import dataset_bytes, make_jobs_client, upload
+from service_helpers import b64
+
+from lead.alignment import alignment_scores
+
+MAX_ALIGN = 120
+MAX_INLINE = 100
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    client = make_jobs_client(
+        tmp_path_factory.mktemp("align-data"),
+        max_align_pairs=MAX_ALIGN,
+        max_inline_pairs=MAX_INLINE,
+    )
+    yield client
+    client.__exit__(None, None, None)
+
+
+def _close(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert got["object"] == "alignment"
+    assert {k: v for k, v in got.items() if k != "object"} == pytest.approx(expected, rel=1e-9)
+
+
+def test_align_inline_pairs(client: TestClient, scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"][:60], scifact_small.corpus["mpnet"][:60]
+    r = client.post("/v1/align", json={"source": X.tolist(), "target": b64(Y), "folds": 3})
+    assert r.status_code == 200, r.text
+    _close(r.json(), alignment_scores(X, Y, folds=3, seed=0))
+    assert r.json()["pairs"] == 60 and 0 < r.json()["linear_cka_score"] <= 1
+
+
+def test_align_a_dataset_beyond_the_cap_uses_a_seeded_subset(
+    client: TestClient, scifact_small: Any
+) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    ds = upload(client, dataset_bytes(X, Y))
+    r = client.post("/v1/align", json={"dataset": ds["id"], "seed": 3, "folds": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["pairs"] == MAX_ALIGN
+    _close(r.json(), alignment_scores(X, Y, folds=2, seed=3, max_pairs=MAX_ALIGN))
+    # real, related models align far better than shuffled pairs
+    shuffled = np.random.default_rng(0).permutation(len(Y))
+    ds_shuffled = upload(client, dataset_bytes(X, Y[shuffled]))
+    shuffled_body = {"dataset": ds_shuffled["id"], "seed": 3, "folds": 2}
+    worse = client.post("/v1/align", json=shuffled_body).json()
+    assert r.json()["ridge_r2_score"] > 0.1 > worse["ridge_r2_score"]
+    assert r.json()["mutual_knn_score"] > worse["mutual_knn_score"]
+
+
+def _nan(rows: np.ndarray) -> list[list[float]]:
+    out = rows.tolist()
+    out[1][2] = float("nan")
+    return list(out)
+
+
+BAD: list[tuple[str, Any, int, str]] = [
+    ("unknown dataset", lambda X, Y: {"dataset": "ds_missing"}, 404, "dataset_not_found"),
+    ("dataset and inline", lambda X, Y: {"dataset": "ds_x", "source": X.tolist(),
+                                         "target": Y.tolist()}, 422, "validation_error"),
+    ("no target", lambda X, Y: {"source": X.tolist()}, 422, "validation_error"),
+    ("one fold", lambda X, Y: {"source": X.tolist(), "target": Y.tolist(), "folds": 1}, 422,
+     "validation_error"),
+    ("3 pairs", lambda X, Y: {"source": X[:3].tolist(), "target": Y[:3].tolist()}, 422,
+     "too_few_pairs"),
+    ("rows differ", lambda X, Y: {"source": X.tolist(), "target": Y[:-1].tolist()}, 422,
+     "shape_mismatch"),
+    ("NaN", lambda X, Y: {"source": _nan(X), "target": Y.tolist()}, 422, "non_finite_input"),
+    ("bad base64", lambda X, Y: {"source": X.tolist(), "target": ["@@"] * len(Y)}, 400,
+     "decode_error"),
+    ("over the inline cap", lambda X, Y: {"source": np.tile(X, (6, 1)).tolist(),
+                                          "target": np.tile(Y, (6, 1)).tolist()}, 422,
+     "limit_exceeded"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "make", "status", "code"), BAD, ids=[c[0] for c in BAD])
+def test_bad_align_request_then_a_good_one(
+    client: TestClient, scifact_small: Any, case: str, make: Any, status: int, code: str
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:20], scifact_small.corpus["mpnet"][:20]
+    body = json.dumps(make(X, Y))
+    r = client.post("/v1/align", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code, r.json()
+    good = client.post(
+        "/v1/align", json={"source": X[:12].tolist(), "target": Y[:12].tolist(), "folds": 2}
+    )
+    assert good.status_code == 200, good.text

@@ -1,0 +1,241 @@
+"""Datasets: upload (raw body and multipart), list, get, delete, and every bad upload (each
+followed by a good one). No job runs here, so no worker process is started."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from jobs_helpers import OCTET, dataset_bytes, make_jobs_client, scifact_dataset, upload
+from safetensors.numpy import save
+
+from service.jobs.schemas import JobCreate
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_ROWS = 1000
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("datasets-data")
+
+
+@pytest.fixture(scope="module")
+def client(data_dir: Path) -> Iterator[TestClient]:
+    client = make_jobs_client(data_dir, max_dataset_bytes=MAX_BYTES, max_dataset_rows=MAX_ROWS)
+    yield client
+    client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def pairs(scifact_small: Any) -> tuple[np.ndarray, np.ndarray]:
+    return scifact_small.corpus["minilm"][:50], scifact_small.corpus["pml3"][:50]
+
+
+def test_upload_raw_body_with_retrieval_data(
+    client: TestClient, scifact_small: Any, data_dir: Path
+) -> None:
+    body = scifact_dataset(scifact_small)
+    r = client.post("/v1/datasets", content=body, headers=OCTET)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert r.headers["location"] == f"/v1/datasets/{ds['id']}"
+    assert ds["object"] == "dataset" and ds["id"].startswith("ds_")
+    assert (ds["pairs"], ds["source_dim"], ds["target_dim"]) == (400, 384, 768)
+    assert (ds["queries"], ds["retrieval"], ds["dtype"]) == (100, True, "float32")
+    assert ds["name"] == "scifact-small minilm->mpnet"
+    assert ds["bytes"] == len(body) and ds["sha256"] == hashlib.sha256(body).hexdigest()
+    stored = data_dir / "datasets" / f"{ds['id']}.safetensors"
+    assert stored.read_bytes() == body
+    assert client.get(f"/v1/datasets/{ds['id']}").json() == ds
+
+
+def test_upload_multipart_and_other_float_dtypes(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, Y = pairs
+    body = dataset_bytes(X.astype(np.float16), Y.astype(np.float64))
+    r = client.post(
+        "/v1/datasets",
+        files={"file": ("pairs.safetensors", body, "application/octet-stream")},
+        data={"name": "half and double"},
+    )
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["name"] == "half and double" and ds["dtype"] == "float16/float64"
+    assert (ds["pairs"], ds["queries"], ds["retrieval"]) == (50, None, False)
+    named = upload(client, dataset_bytes(X, Y), name="from the query")
+    assert named["name"] == "from the query"
+
+
+def test_list_get_delete(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray], data_dir: Path
+) -> None:
+    ids = [upload(client, dataset_bytes(*pairs))["id"] for _ in range(3)]
+    page = client.get("/v1/datasets", params={"limit": 2}).json()
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [d["id"] for d in page["data"]] == ids[::-1][:2]
+    nxt = client.get("/v1/datasets", params={"limit": 2, "after": page["last_id"]}).json()
+    assert nxt["data"][0]["id"] == ids[0]
+
+    r = client.delete(f"/v1/datasets/{ids[0]}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": ids[0], "object": "dataset.deleted", "deleted": True}
+    assert not (data_dir / "datasets" / f"{ids[0]}.safetensors").exists()
+    for r in (client.get(f"/v1/datasets/{ids[0]}"), client.delete(f"/v1/datasets/{ids[0]}")):
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "dataset_not_found"
+    assert client.get(f"/v1/datasets/{ids[1]}").status_code == 200
+
+
+def test_a_dataset_in_use_cannot_be_deleted(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    ds = upload(client, dataset_bytes(*pairs))
+    store = client.app.state.jobs.store  # type: ignore[attr-defined]
+    store.create_job(  # queued but never handed to the runner: no worker starts
+        job_id="job_inuse",
+        request=JobCreate(source_model="a", target_model="b", dataset=ds["id"]).model_dump(),
+        data_path=f"datasets/{ds['id']}.safetensors",
+        dataset_id=ds["id"],
+        pairs=50,
+        stitch_id="in-use",
+    )
+    r = client.delete(f"/v1/datasets/{ds['id']}")
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "conflict"
+    assert client.post("/v1/jobs/job_inuse/cancel").json()["status"] == "cancelled"
+    assert client.delete(f"/v1/datasets/{ds['id']}").status_code == 200
+
+
+def _with(X: np.ndarray, Y: np.ndarray, **change: Any) -> bytes:
+    return dataset_bytes(X, Y, **change)
+
+
+def _nan(a: np.ndarray, value: float = np.nan) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a[2, 3] = value
+    return a
+
+
+def _retrieval(X: np.ndarray, Y: np.ndarray, **meta: str) -> bytes:
+    m = 3
+    metadata = {"query_ids": json.dumps(["q0", "q1", "q2"]),
+                "corpus_ids": json.dumps([f"d{i}" for i in range(len(X))]),
+                "qrels": json.dumps({"q0": {"d1": 1}})}  # fmt: skip
+    metadata.update(meta)
+    return dataset_bytes(X, Y, metadata, source_queries=X[:m], target_queries=Y[:m])
+
+
+BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
+    ("garbage", lambda X, Y: b"\x00not a safetensors file at all", OCTET, 400, "decode_error"),
+    ("empty body", lambda X, Y: b"", OCTET, 400, "decode_error"),
+    ("truncated", lambda X, Y: dataset_bytes(X, Y)[:-100], OCTET, 400, "decode_error"),
+    ("pickle", lambda X, Y: pickle.dumps({"source": X, "target": Y}), OCTET, 400, "decode_error"),
+    ("json body", lambda X, Y: b"{}", {"content-type": "application/json"}, 415,
+     "unsupported_media_type"),
+    ("no content type", lambda X, Y: dataset_bytes(X, Y), {"content-type": ""}, 415,
+     "unsupported_media_type"),
+    ("missing target", lambda X, Y: save({"source": X}), OCTET, 400, "invalid_input"),
+    ("extra tensor", lambda X, Y: _with(X, Y, corpus=X), OCTET, 400, "invalid_input"),
+    ("int dtype", lambda X, Y: dataset_bytes(X, Y.astype(np.int32)), OCTET, 400, "invalid_input"),
+    ("1-D tensor", lambda X, Y: dataset_bytes(X[:, 0].copy(), Y), OCTET, 422, "shape_mismatch"),
+    ("3-D tensor", lambda X, Y: dataset_bytes(X.reshape(50, 2, 192), Y), OCTET, 422,
+     "shape_mismatch"),
+    ("rows differ", lambda X, Y: dataset_bytes(X, Y[:49]), OCTET, 422, "shape_mismatch"),
+    ("3 pairs", lambda X, Y: dataset_bytes(X[:3], Y[:3]), OCTET, 422, "too_few_pairs"),
+    ("NaN", lambda X, Y: dataset_bytes(_nan(X), Y), OCTET, 422, "non_finite_input"),
+    ("infinity", lambda X, Y: dataset_bytes(X, _nan(Y, np.inf)), OCTET, 422, "non_finite_input"),
+    ("too many rows", lambda X, Y: dataset_bytes(np.tile(X, (21, 1)), np.tile(Y, (21, 1))),
+     OCTET, 422, "limit_exceeded"),
+    ("queries without ids", lambda X, Y: dataset_bytes(X, Y, target_queries=Y[:3]), OCTET, 400,
+     "invalid_input"),
+    ("source queries alone", lambda X, Y: dataset_bytes(X, Y, source_queries=X[:3]), OCTET, 400,
+     "invalid_input"),
+    ("corpus ids short", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"])), OCTET,
+     422, "shape_mismatch"),
+    ("qrels not JSON", lambda X, Y: _retrieval(X, Y, qrels="{nope"), OCTET, 400, "decode_error"),
+    ("query dim", lambda X, Y: dataset_bytes(X, Y, _retrieval_meta(), source_queries=X[:3, :10],
+     target_queries=Y[:3]), OCTET, 422, "shape_mismatch"),
+]  # fmt: skip
+
+
+def _retrieval_meta() -> dict[str, str]:
+    return {"query_ids": json.dumps(["q0", "q1", "q2"]),
+            "corpus_ids": json.dumps([f"d{i}" for i in range(50)]),
+            "qrels": json.dumps({"q0": {"d1": 1}})}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "headers", "status", "code"), BAD_UPLOADS, ids=[c[0] for c in BAD_UPLOADS]
+)
+def test_bad_upload_then_a_good_one(
+    client: TestClient,
+    pairs: tuple[np.ndarray, np.ndarray],
+    data_dir: Path,
+    case: str,
+    make: Any,
+    headers: dict[str, str],
+    status: int,
+    code: str,
+) -> None:
+    before = sorted(p.name for p in (data_dir / "datasets").iterdir())
+    r = client.post("/v1/datasets", content=make(*pairs), headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code, error
+    assert error["message"]
+    assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == before  # nothing left
+    assert upload(client, dataset_bytes(*pairs))["pairs"] == 50
+
+
+def test_too_large_uploads_then_a_good_one(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray], data_dir: Path
+) -> None:
+    X = np.zeros((MAX_ROWS, 768), dtype=np.float32) + 0.5  # 3 MB each side: over 4 MB
+    big = dataset_bytes(X, X)
+    assert len(big) > MAX_BYTES
+    declared = client.post("/v1/datasets", content=big, headers=OCTET)
+    assert declared.status_code == 413, declared.text
+    assert declared.json()["error"]["code"] == "payload_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while streaming
+        for start in range(0, len(big), 1 << 20):
+            yield big[start : start + (1 << 20)]
+
+    streamed = client.post("/v1/datasets", content=chunks(), headers=OCTET)
+    assert streamed.status_code == 413, streamed.text
+    assert not [p for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]
+    multipart = client.post(
+        "/v1/datasets", files={"file": ("big.safetensors", big, "application/octet-stream")}
+    )
+    assert multipart.status_code == 413, multipart.text
+    assert upload(client, dataset_bytes(*pairs))["pairs"] == 50
+
+
+def test_more_bad_requests_then_good_ones(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    body = dataset_bytes(*pairs)
+    cases = [
+        (client.post("/v1/datasets", files={"upload": ("a", body)}), 400, "invalid_input"),
+        (client.post("/v1/datasets", data={"name": "no file"}), 415, "unsupported_media_type"),
+        (client.post("/v1/datasets", files=[("file", ("a", body)), ("file", ("b", body))]), 400,
+         "bad_request"),
+        (client.get("/v1/datasets/ds_missing"), 404, "dataset_not_found"),
+        (client.get("/v1/datasets", params={"after": "ds_missing"}), 404, "dataset_not_found"),
+        (client.get("/v1/datasets", params={"limit": 0}), 422, "validation_error"),
+        (client.post("/v1/datasets", content=body, headers=OCTET, params={"name": "x" * 201}), 422,
+         "validation_error"),
+    ]  # fmt: skip
+    for r, status, code in cases:
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["code"] == code, r.json()
+        assert upload(client, body)["pairs"] == 50

@@ -1,0 +1,414 @@
+"""Training jobs: a real job end to end, its scorecard against lead's, cancel, failures,
+idempotency, pagination, and every bad request (each followed by a good one).
+
+One app (one worker process) serves the whole module: spawning a worker costs seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from jobs_helpers import (
+    assert_same_scorecard,
+    lead_scorecard,
+    make_jobs_client,
+    scifact_dataset,
+    upload,
+    wait_job,
+)
+from service_helpers import b64, embeddings
+
+from lead.artifacts import load_stitch
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MPNET = "sentence-transformers/all-mpnet-base-v2"
+PML3 = "sentence-transformers/paraphrase-MiniLM-L3-v2"
+INLINE_LIMIT = 64
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("jobs-data")
+
+
+@pytest.fixture(scope="module")
+def jobs(data_dir: Path) -> Iterator[TestClient]:
+    client = make_jobs_client(data_dir, max_inline_pairs=INLINE_LIMIT)
+    yield client
+    client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def scifact_job(jobs: TestClient, scifact_small: Any) -> dict[str, Any]:
+    """A ridge job on the uploaded SciFact fixture (with retrieval data), run to the end,
+    and a translate call made with its stitch right after it succeeded."""
+    dataset = upload(jobs, scifact_dataset(scifact_small))
+    r = jobs.post(
+        "/v1/jobs", json={"source_model": MINILM, "target_model": MPNET, "dataset": dataset["id"]}
+    )
+    assert r.status_code == 202, r.text
+    assert r.headers["location"] == f"/v1/jobs/{r.json()['id']}"
+    assert r.json()["status"] == "queued"
+    job = wait_job(jobs, r.json()["id"])
+    x = scifact_small.queries["minilm"][:5]
+    translated = jobs.post("/v1/translate", json={"stitch": job["stitch_id"], "input": x.tolist()})
+    return {"job": job, "dataset": dataset, "translated": translated, "x": x}
+
+
+def tiny_body(sf: Any, n: int = 16, **fields: Any) -> dict[str, Any]:
+    """A valid inline job: n real minilm→pml3 pairs (a quarter held out)."""
+    body = {
+        "source_model": MINILM,
+        "target_model": PML3,
+        "source": sf.corpus["minilm"][:n].tolist(),
+        "target": b64(sf.corpus["pml3"][:n]),
+        "holdout_fraction": 0.25,
+    }
+    body.update(fields)
+    return body
+
+
+def test_job_trains_scores_and_is_served_at_once(
+    scifact_job: dict[str, Any], data_dir: Path
+) -> None:
+    job = scifact_job["job"]
+    assert job["status"] == "succeeded", job
+    assert job["object"] == "job" and job["error"] is None
+    assert job["dataset"] == scifact_job["dataset"]["id"]
+    assert job["pairs"] == 400 and job["method"] == "ridge"
+    assert (job["holdout_fraction"], job["seed"]) == (0.2, 0)
+    assert job["progress"] == {"stage": "done", "step": 1, "total": 1, "fraction": 1.0}
+    assert job["created_at"] <= job["started_at"] <= job["finished_at"]
+    assert job["result"] == {"stitch_id": job["stitch_id"], "push": None}
+    assert job["stitch_id"].startswith("all-minilm-l6-v2-to-all-mpnet-base-v2-")
+    # the very next request after "succeeded" translates with the new stitch
+    r = scifact_job["translated"]
+    assert r.status_code == 200, r.text
+    stitch = load_stitch(data_dir / "stitches" / job["stitch_id"])
+    with torch.inference_mode():
+        expected = stitch(torch.from_numpy(scifact_job["x"])).numpy()
+    np.testing.assert_allclose(embeddings(r.json()), expected, rtol=1e-5, atol=1e-6)
+    assert r.json()["model"] == MPNET
+    assert stitch.info.scorecard == job["scorecard"]
+
+
+def test_job_scorecard_equals_leads_own(scifact_job: dict[str, Any], scifact_small: Any) -> None:
+    sf = scifact_small
+    expected = lead_scorecard(
+        sf.corpus["minilm"],
+        sf.corpus["mpnet"],
+        source_model=MINILM,
+        target_model=MPNET,
+        retrieval={
+            "source_queries": sf.queries["minilm"],
+            "target_queries": sf.queries["mpnet"],
+            "query_ids": sf.query_ids,
+            "corpus_ids": sf.corpus_ids,
+            "qrels": sf.qrels,
+        },
+    )
+    got = scifact_job["job"]["scorecard"]
+    assert got["pairs"] == 80 and got["retrieval"] is not None
+    assert got["r2_score"] > 0.2 and got["top1_accuracy_score"] > 0.9
+    assert_same_scorecard(got, expected)
+
+
+def test_stitch_listing_shows_the_trained_stitch(
+    jobs: TestClient, scifact_job: dict[str, Any]
+) -> None:
+    job = scifact_job["job"]
+    r = jobs.get(f"/v1/stitches/{job['stitch_id']}")
+    assert r.status_code == 200, r.text
+    assert r.json()["origin"] == "job"
+    assert r.json()["scorecard"] == job["scorecard"]
+
+
+def test_inline_job_honours_its_split_seed_and_method(jobs: TestClient, scifact_small: Any) -> None:
+    sf = scifact_small
+    # (ridge: unique even with fewer pairs than dimensions; Procrustes would not be)
+    body = tiny_body(
+        sf, n=60, holdout_fraction=0.3, seed=7, method="affine", options={"alpha": 0.05}
+    )
+    body["stitch_id"] = "minilm-to-pml3-inline"
+    r = jobs.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    assert r.json()["dataset"] is None and r.json()["pairs"] == 60
+    job = wait_job(jobs, r.json()["id"])
+    assert job["status"] == "succeeded", job
+    assert job["result"]["stitch_id"] == "minilm-to-pml3-inline"
+    expected = lead_scorecard(
+        sf.corpus["minilm"][:60],
+        sf.corpus["pml3"][:60],
+        source_model=MINILM,
+        target_model=PML3,
+        method="affine",
+        holdout_fraction=0.3,
+        seed=7,
+        alpha=0.05,
+    )
+    assert_same_scorecard(job["scorecard"], expected)
+    r = jobs.post(
+        "/v1/translate",
+        json={"source_model": MINILM, "target_model": PML3, "input": b64(sf.queries["minilm"][:2])},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["stitch"]["id"] == "minilm-to-pml3-inline"
+
+
+def test_cancel_a_running_and_a_queued_job(
+    jobs: TestClient, scifact_job: dict[str, Any], scifact_small: Any, data_dir: Path
+) -> None:
+    slow = {
+        "source_model": MINILM,
+        "target_model": MPNET,
+        "dataset": scifact_job["dataset"]["id"],
+        "method": "mlp",
+        "options": {"hidden_dim": 16, "batch_size": 64, "max_epochs": 100000, "patience": 100000},
+        "stitch_id": "never-finished",
+    }
+    r = jobs.post("/v1/jobs", json=slow)
+    assert r.status_code == 202, r.text
+    running = wait_job(
+        jobs,
+        r.json()["id"],
+        until=lambda j: j["progress"]["stage"] == "train" and j["progress"]["step"] >= 1,
+    )
+    assert running["status"] == "running"
+    assert running["progress"]["total"] == 100000
+    assert 0 < running["progress"]["fraction"] < 1
+    # the single worker is busy: the next job waits, and cancelling it is immediate
+    queued = jobs.post("/v1/jobs", json=tiny_body(scifact_small)).json()
+    assert queued["status"] == "queued"
+    r = jobs.post(f"/v1/jobs/{queued['id']}/cancel")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "cancelled" and r.json()["finished_at"] is not None
+
+    r = jobs.post(f"/v1/jobs/{running['id']}/cancel")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("cancelling", "cancelled")
+    job = wait_job(jobs, running["id"])
+    assert job["status"] == "cancelled", job
+    assert job["result"] is None and job["error"] is None and job["finished_at"] is not None
+    assert not (data_dir / "stitches" / "never-finished").exists()
+    r = jobs.post("/v1/translate", json={"stitch": "never-finished", "input": [[0.0] * 384]})
+    assert r.status_code == 404, r.text
+    # a finished job cannot be cancelled; the server still answers normally afterwards
+    r = jobs.post(f"/v1/jobs/{running['id']}/cancel")
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "conflict"
+    assert jobs.get(f"/v1/jobs/{running['id']}").json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "code"),
+    [
+        ("mlp", {"lr": 1e30, "hidden_dim": 16}, "fit_failed"),  # training diverges
+        ("mlp", {"loss": "bogus"}, "invalid_input"),  # only checked when the fit starts
+        ("ridge", {"bogus": 1}, "invalid_input"),
+    ],
+)
+def test_a_job_that_cannot_fit_fails_with_a_reason(
+    jobs: TestClient, scifact_small: Any, method: str, options: dict[str, Any], code: str
+) -> None:
+    body = tiny_body(scifact_small, n=INLINE_LIMIT, method=method, options=options)
+    r = jobs.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    job = wait_job(jobs, r.json()["id"])
+    assert job["status"] == "failed", job
+    assert job["error"]["code"] == code
+    assert job["error"]["message"]
+    assert job["result"] is None and job["scorecard"] is None
+    assert jobs.get(f"/v1/stitches/{job['stitch_id']}").status_code == 404
+
+
+def test_push_without_a_token_keeps_the_stitch_and_says_why(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    r = jobs.post("/v1/jobs", json=tiny_body(scifact_small, push_to_hub="lead-test/no-token"))
+    assert r.status_code == 202, r.text
+    job = wait_job(jobs, r.json()["id"])
+    assert job["status"] == "succeeded", job
+    push = job["result"]["push"]
+    assert push["status"] == "failed" and push["repo_id"] == "lead-test/no-token"
+    assert "token" in push["reason"]
+    assert jobs.get(f"/v1/stitches/{job['stitch_id']}").status_code == 200
+
+
+def test_idempotency_key(jobs: TestClient, scifact_small: Any) -> None:
+    body = tiny_body(scifact_small, seed=3)
+    first = jobs.post("/v1/jobs", json=body, headers={"Idempotency-Key": "retry-1"})
+    assert first.status_code == 202, first.text
+    again = jobs.post("/v1/jobs", json=body, headers={"Idempotency-Key": "retry-1"})
+    assert again.status_code == 202, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["location"] == first.headers["location"]
+
+    other = jobs.post("/v1/jobs", json={**body, "seed": 4}, headers={"Idempotency-Key": "retry-1"})
+    assert other.status_code == 422, other.text
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.json()["error"]["param"] == "Idempotency-Key"
+
+    fresh = jobs.post("/v1/jobs", json={**body, "seed": 4}, headers={"Idempotency-Key": "retry-2"})
+    assert fresh.status_code == 202, fresh.text
+    assert fresh.json()["id"] != first.json()["id"]
+    listed = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert sum(j["id"] == first.json()["id"] for j in listed) == 1
+
+
+def test_list_jobs_pages_newest_first(jobs: TestClient, scifact_small: Any) -> None:
+    ids = [jobs.post("/v1/jobs", json=tiny_body(scifact_small)).json()["id"] for _ in range(3)]
+    page = jobs.get("/v1/jobs", params={"limit": 2}).json()
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [j["id"] for j in page["data"]] == ids[::-1][:2]
+    assert (page["first_id"], page["last_id"]) == (ids[2], ids[1])
+    following = jobs.get("/v1/jobs", params={"limit": 2, "after": page["last_id"]}).json()
+    assert following["data"][0]["id"] == ids[0]
+    everything = jobs.get("/v1/jobs", params={"limit": 100}).json()
+    created = [j["created_at"] for j in everything["data"]]
+    assert created == sorted(created, reverse=True) and everything["has_more"] is False
+    failed = jobs.get("/v1/jobs", params={"status": "failed", "limit": 100}).json()["data"]
+    assert all(j["status"] == "failed" for j in failed)
+    for params, status in (({"after": "job_missing"}, 404), ({"limit": 0}, 422),
+                           ({"limit": 101}, 422), ({"status": "done"}, 422)):  # fmt: skip
+        r = jobs.get("/v1/jobs", params=params)
+        assert r.status_code == status, (params, r.text)
+        assert jobs.get("/v1/jobs", params={"limit": 1}).status_code == 200
+
+
+def _nan_b64(sf: Any, n: int) -> list[str]:
+    rows = np.array(sf.corpus["minilm"][:n], copy=True)
+    rows[3, 7] = np.nan
+    return b64(rows)
+
+
+BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
+    ("unknown dataset", lambda sf: {**_models(), "dataset": "ds_x"}, 404, "dataset_not_found"),
+    ("dataset and inline", lambda sf: tiny_body(sf, dataset="ds_x"), 422, "validation_error"),
+    ("no data", lambda sf: _models(), 422, "validation_error"),
+    ("no target model", lambda sf: _without(tiny_body(sf), "target_model"), 422,
+     "validation_error"),
+    ("same models", lambda sf: tiny_body(sf, target_model=MINILM), 422, "validation_error"),
+    ("unknown method", lambda sf: tiny_body(sf, method="lasso"), 422, "validation_error"),
+    ("seed as option", lambda sf: tiny_body(sf, options={"seed": 1}), 422, "validation_error"),
+    ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),
+    ("negative seed", lambda sf: tiny_body(sf, seed=-1), 422, "validation_error"),
+    ("too few pairs to split", lambda sf: tiny_body(sf, n=6), 422, "too_few_pairs"),
+    ("rows differ", lambda sf: {**tiny_body(sf), "target": b64(sf.corpus["pml3"][:15])}, 422,
+     "shape_mismatch"),
+    ("ragged", lambda sf: {**tiny_body(sf), "source": _ragged(sf)}, 422, "shape_mismatch"),
+    ("NaN in base64", lambda sf: {**tiny_body(sf), "target": _nan_b64(sf, 16)}, 422,
+     "non_finite_input"),
+    ("NaN in floats", lambda sf: {**tiny_body(sf), "source": _nan_floats(sf)}, 422,
+     "non_finite_input"),
+    ("bad base64", lambda sf: {**tiny_body(sf), "target": ["not base64!"] * 16}, 400,
+     "decode_error"),
+    ("empty source", lambda sf: {**tiny_body(sf), "source": []}, 400, "decode_error"),
+    ("over the inline limit", lambda sf: tiny_body(sf, n=INLINE_LIMIT + 1), 422, "limit_exceeded"),
+    ("bad stitch id", lambda sf: tiny_body(sf, stitch_id="../escape"), 422, "validation_error"),
+    ("bad hub repo", lambda sf: tiny_body(sf, push_to_hub="no repo"), 422, "validation_error"),
+    ("unknown field", lambda sf: tiny_body(sf, epochs=3), 422, "validation_error"),
+]  # fmt: skip
+
+
+def _models() -> dict[str, str]:
+    return {"source_model": MINILM, "target_model": PML3}
+
+
+def _without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+def _ragged(sf: Any) -> list[list[float]]:
+    rows = sf.corpus["minilm"][:16].tolist()
+    rows[5] = rows[5][:100]
+    return list(rows)
+
+
+def _nan_floats(sf: Any) -> list[list[float]]:
+    rows = sf.corpus["minilm"][:16].tolist()
+    rows[2][0] = math.nan
+    return list(rows)
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "status", "code"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_bad_job_request_then_a_good_one(
+    jobs: TestClient, scifact_small: Any, case: str, make: Any, status: int, code: str
+) -> None:
+    body = json.dumps(make(scifact_small))  # the stdlib writes NaN as clients do; httpx won't
+    r = jobs.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code, error
+    assert error["message"] and error["request_id"]
+    good = jobs.post("/v1/jobs", json=tiny_body(scifact_small))
+    assert good.status_code == 202, good.text
+
+
+def test_more_bad_job_requests_then_good_ones(
+    jobs: TestClient, scifact_small: Any, scifact_job: dict[str, Any]
+) -> None:
+    taken = tiny_body(scifact_small, stitch_id=scifact_job["job"]["stitch_id"])
+    cases = [
+        (jobs.post("/v1/jobs", json=taken), 409, "conflict"),
+        (jobs.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}),
+         400, "invalid_json"),
+        (jobs.get("/v1/jobs/job_missing"), 404, "job_not_found"),
+        (jobs.post("/v1/jobs/job_missing/cancel"), 404, "job_not_found"),
+        (jobs.post("/v1/jobs", json=tiny_body(scifact_small), headers={"Idempotency-Key": ""}),
+         422, "validation_error"),
+    ]  # fmt: skip
+    for r, status, code in cases:
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["code"] == code
+        good = jobs.post("/v1/jobs", json=tiny_body(scifact_small))
+        assert good.status_code == 202, good.text
+        assert jobs.get(f"/v1/jobs/{good.json()['id']}").status_code == 200
+
+
+def test_the_stored_request_keeps_no_vectors(jobs: TestClient, data_dir: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(data_dir / "lead.sqlite3") as conn:
+        requests = [json.loads(row[0]) for row in conn.execute("SELECT request FROM jobs")]
+    assert requests and all("source" not in r and "target" not in r for r in requests)
+
+
+def test_push_outcomes_never_fail_the_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import lead.artifacts
+    from lead.errors import HubError
+    from service.jobs import worker
+
+    assert worker._push(tmp_path, "org/name", None) == {
+        "status": "failed",
+        "repo_id": "org/name",
+        "reason": "no Hugging Face token configured (LEAD_HF_TOKEN); the stitch is kept here",
+    }
+
+    def pushed(folder: Path, repo_id: str, *, token: str | None = None) -> str:
+        assert token == "hf_token"
+        return f"{repo_id}@0123abc"
+
+    monkeypatch.setattr(lead.artifacts, "push_stitch", pushed)
+    assert worker._push(tmp_path, "org/name", "hf_token") == {
+        "status": "succeeded",
+        "repo_id": "org/name",
+        "stitch": "org/name@0123abc",
+    }
+
+    def refused(folder: Path, repo_id: str, *, token: str | None = None) -> str:
+        raise HubError("cannot upload to org/name: 403 Forbidden")
+
+    monkeypatch.setattr(lead.artifacts, "push_stitch", refused)
+    out = worker._push(tmp_path, "org/name", "hf_token")
+    assert out["status"] == "failed" and "403 Forbidden" in out["reason"]

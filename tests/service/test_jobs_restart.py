@@ -1,0 +1,84 @@
+"""A server restart loses nothing: finished jobs keep their results and stitches, a job that
+was training is ``failed`` / ``interrupted``, queued jobs run, leftovers are removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobs_helpers import make_jobs_client, scifact_dataset, upload, wait_job
+from service_helpers import b64
+
+from service.jobs.store import JobStore
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MPNET = "sentence-transformers/all-mpnet-base-v2"
+SLOW_MLP = {"hidden_dim": 16, "batch_size": 64, "max_epochs": 100000, "patience": 100000}
+
+
+def _training(job: dict[str, Any]) -> bool:
+    return job["progress"]["stage"] == "train" and job["progress"]["step"] >= 1
+
+
+@pytest.mark.slow
+def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> None:
+    data_dir = tmp_path / "data"
+    models = {"source_model": MINILM, "target_model": MPNET}
+    first = make_jobs_client(data_dir)
+    try:
+        dataset = upload(first, scifact_dataset(scifact_small))["id"]
+        r = first.post("/v1/jobs", json={**models, "dataset": dataset})
+        done = wait_job(first, r.json()["id"])
+        assert done["status"] == "succeeded", done
+        r = first.post(
+            "/v1/jobs",
+            json={**models, "dataset": dataset, "method": "mlp", "options": SLOW_MLP,
+                  "stitch_id": "cut-short"},
+        )  # fmt: skip
+        slow = wait_job(first, r.json()["id"], until=_training)
+        queued = first.post("/v1/jobs", json={**models, "dataset": dataset, "seed": 1}).json()
+        assert queued["status"] == "queued"
+        first.app.state.jobs.runner.kill()  # type: ignore[attr-defined]  # as a crash would
+    finally:
+        first.__exit__(None, None, None)
+    store = JobStore(data_dir / "lead.sqlite3")
+    assert store.get_job(slow["id"]).status == "running"  # what a crash leaves behind
+    store.close()
+    # leftovers of writes that a crash interrupted
+    (data_dir / "stitches" / ".cut-short.tmp-x1y2").mkdir()
+    (data_dir / "stitches" / ".cut-short.tmp-x1y2" / "model.safetensors").write_bytes(b"half")
+    (data_dir / "datasets" / ".tmp-ds_partial.safetensors").write_bytes(b"half")
+    (data_dir / "job-data" / "job_never_recorded.safetensors").write_bytes(b"orphan")
+
+    second = make_jobs_client(data_dir)
+    try:
+        after = second.get(f"/v1/jobs/{slow['id']}").json()
+        assert after["status"] == "failed", after
+        assert after["error"]["code"] == "interrupted" and after["finished_at"] is not None
+        assert after["result"] is None
+        kept = second.get(f"/v1/jobs/{done['id']}").json()
+        assert kept == done  # results, scorecard and timestamps intact
+        r = second.post(
+            "/v1/translate",
+            json={"stitch": done["stitch_id"], "input": b64(scifact_small.queries["minilm"][:3])},
+        )
+        assert r.status_code == 200, r.text  # saved stitches are served after a restart
+        assert sorted(p.name for p in (data_dir / "stitches").iterdir()) == [done["stitch_id"]]
+        assert [p.name for p in (data_dir / "datasets").iterdir()] == [f"{dataset}.safetensors"]
+        assert not list((data_dir / "job-data").iterdir())
+        assert second.get(f"/v1/datasets/{dataset}").status_code == 200
+        requeued = wait_job(second, queued["id"])  # queued jobs run after the restart
+        assert requeued["status"] == "succeeded", requeued
+
+        # a normal shutdown while a job trains also ends it as interrupted, at once
+        r = second.post("/v1/jobs", json={**models, "dataset": dataset, "method": "mlp",
+                                          "options": SLOW_MLP})  # fmt: skip
+        stopped = wait_job(second, r.json()["id"], until=_training)
+    finally:
+        second.__exit__(None, None, None)
+    store = JobStore(data_dir / "lead.sqlite3")
+    job = store.get_job(stopped["id"])
+    assert (job.status, job.error and job.error["code"]) == ("failed", "interrupted")
+    assert store.get_job(requeued["id"]).status == "succeeded"
+    store.close()

@@ -58,7 +58,11 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} to config.json")
 
 
-def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+#: Dtypes a stitch may be stored in; loading always gives float32 unless asked otherwise.
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, Any]:
     from lead.fitting import _lead_version
 
     info = stitch.info
@@ -84,7 +88,7 @@ def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor]) -> dict[str
         "fit": info.fit,
         "scorecard": info.scorecard,
         "lead_version": _lead_version(),
-        "dtype": "float32",
+        "dtype": dtype,
         "tensors": {name: list(t.shape) for name, t in tensors.items()},
     }
 
@@ -108,16 +112,21 @@ def _is_replaceable(folder: Path) -> bool:
         return False
 
 
-def save_stitch(stitch: Stitch, folder: str | Path) -> Path:
+def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -> Path:
     """Write a stitch to ``folder`` atomically.
 
     Parameters
     ----------
     stitch : Stitch
-        Any registered stitch; its tensors are written as float32.
+        Any registered stitch.
     folder : str or Path
         Destination. Its parent is created. An existing ``folder`` is replaced only if it
         is empty or holds a stitch.
+    dtype : {"float32", "float16", "bfloat16"}, default "float32"
+        Storage dtype of the tensors (recorded as ``dtype`` in ``config.json``). float16
+        halves the file; :func:`load_stitch` returns float32 parameters equal to the stored
+        values, so round the stitch first (``stitch.half().float()``) to score exactly what
+        is stored.
 
     Returns
     -------
@@ -127,7 +136,8 @@ def save_stitch(stitch: Stitch, folder: str | Path) -> Path:
     Raises
     ------
     InvalidInputError
-        If ``folder`` exists and is not an empty folder or a stitch folder.
+        If ``folder`` exists and is not an empty folder or a stitch folder, or ``dtype``
+        is not a storage dtype.
 
     Notes
     -----
@@ -140,12 +150,16 @@ def save_stitch(stitch: Stitch, folder: str | Path) -> Path:
         raise InvalidInputError(
             f"refusing to replace {folder}: it exists and is not a stitch folder", param="folder"
         )
+    if dtype not in STORAGE_DTYPES:
+        raise InvalidInputError(
+            f"dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}", param="dtype"
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
-        name: t.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+        name: t.detach().to(device="cpu", dtype=STORAGE_DTYPES[dtype]).contiguous().clone()
         for name, t in stitch.state_dict().items()
     }
-    config = _stitch_config(stitch, tensors)
+    config = _stitch_config(stitch, tensors, dtype)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})

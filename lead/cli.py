@@ -148,7 +148,7 @@ def _holdout_ids(
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from lead.artifacts import save_stitch
+    from lead.artifacts import STORAGE_DTYPES, save_stitch
     from lead.fitting import fit_stitch
     from lead.stitches import StitchInfo
 
@@ -194,9 +194,11 @@ def _fit(args: argparse.Namespace) -> int:
         )
     finally:
         close()
+    if args.save_dtype != "float32":  # score exactly the values that will be stored
+        stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
-    save_stitch(stitch, args.out)
+    save_stitch(stitch, args.out, dtype=args.save_dtype)
     print(json.dumps(stitch.info.scorecard, indent=2))
     return 0
 
@@ -278,12 +280,6 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
         help="draw the held-out rows from the N-th --source/--target pair only (1-based); "
         "the other pairs are training-only",
     )
-    parser.add_argument(
-        "--ids",
-        metavar="FILE",
-        help="JSON list of row ids (document ids) of the pair the held-out rows come from; "
-        "the held-out ids are then listed in the stitch's config and model card",
-    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and the fit")
 
 
@@ -315,6 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="L2-normalise outputs (default: as --target-normalized)",
+    )
+    fit.add_argument(
+        "--ids",
+        metavar="FILE",
+        help="JSON list of row ids (document ids) of the pair the held-out rows come from; "
+        "the held-out ids are then listed in the stitch's config and model card",
+    )
+    fit.add_argument(
+        "--save-dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default="float32",
+        help="storage dtype of the saved tensors (float16 halves the folder; the scorecard is "
+        "computed on the rounded values)",
     )
     fit.add_argument("--out", required=True, help="folder to save the stitch in")
     fit.set_defaults(handler=_fit)

@@ -403,3 +403,24 @@ def test_push_and_load_on_the_live_hub(saved: Path) -> None:
     stitch_id = push_stitch(saved, repo)
     loaded = load_stitch(stitch_id)
     assert torch.equal(loaded.weight, load_stitch(saved).weight)
+
+
+def test_float16_storage_loads_the_rounded_values(tmp_path: Path) -> None:
+    stitch = _fitted("ridge")
+    save_stitch(stitch, tmp_path / "half", dtype="float16")
+    loaded = load_stitch(tmp_path / "half")
+    assert read_stitch_config(tmp_path / "half")["dtype"] == "float16"
+    for name, value in stitch.state_dict().items():
+        stored = loaded.state_dict()[name]
+        assert stored.dtype == torch.float32
+        assert torch.equal(stored, value.half().float()), name
+    stored_dtypes = {
+        t.dtype for t in load_file(str(tmp_path / "half" / "model.safetensors")).values()
+    }
+    assert stored_dtypes == {torch.float16}
+
+
+def test_save_rejects_an_unknown_storage_dtype(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="dtype"):
+        save_stitch(_fitted("ridge"), tmp_path / "x", dtype="int8")
+    assert not (tmp_path / "x").exists()

@@ -245,3 +245,39 @@ def test_usage_errors_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit"]) == 2  # missing required arguments
     assert main(["--help"]) == 0
     assert "translate" in capsys.readouterr().out
+
+
+def test_fit_lists_held_out_ids_and_stores_float16(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(DATA), "np") as f:
+        corpus_ids = json.loads(f.metadata()["corpus_ids"])
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps(corpus_ids))
+    out = tmp_path / "half"
+    assert main(_fit_args(out, "--ids", str(ids), "--save-dtype", "float16")) == 0
+    scorecard = json.loads(capsys.readouterr().out)
+    config = json.loads((out / "config.json").read_text())
+    held_out = config["fit"]["holdout"]["ids"]
+    assert len(held_out) == scorecard["pairs"] == 80
+    assert set(held_out) <= set(corpus_ids)
+    assert " ".join(held_out[:3]) in (out / "README.md").read_text()
+    assert config["dtype"] == "float16"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("weight").dtype == torch.float16
+    # the scorecard describes the stored (rounded) values: lead score reproduces it
+    assert main(["score", str(out), "--source", f"{DATA}:minilm_corpus",
+                 "--target", f"{DATA}:mpnet_corpus"]) == 0  # fmt: skip
+    again = json.loads(capsys.readouterr().out)
+    assert again["r2_score"] == pytest.approx(scorecard["r2_score"], rel=1e-9)
+
+
+def test_fit_rejects_ids_of_the_wrong_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps(["a", "b"]))
+    assert main(_fit_args(tmp_path / "x", "--ids", str(ids))) == 2
+    assert "400 ids" in capsys.readouterr().err

@@ -132,7 +132,10 @@ class Stitch(nn.Module):
             )
         y = self._map(x - self.source_mean) + self.target_mean
         if self.normalize_output:
-            y = nn.functional.normalize(y, dim=1)
+            # divide by the largest entry first, so that a row whose norm would overflow
+            # (finite entries above ~1e19 in float32) is normalised, not turned into zeros
+            peak = y.detach().abs().amax(dim=1, keepdim=True)
+            y = nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1)
         return y
 
 

@@ -97,3 +97,16 @@ def test_stitch_info_defaults_and_dict() -> None:
     info = StitchInfo(source_model="a", target_model="b")
     assert info.to_dict()["fit"] == {} and info.scorecard is None
     assert AffineStitch(2, 2).info == StitchInfo()
+
+
+def test_normalised_output_survives_a_norm_that_would_overflow() -> None:
+    stitch = AffineStitch(3, 2, normalize_output=True)
+    with torch.no_grad():
+        stitch.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    x = torch.tensor([[3e30, 4e30, 0.0], [3.0, 4.0, 0.0], [0.0, 0.0, 1.0]])
+    y = stitch(x)
+    torch.testing.assert_close(y[0], torch.tensor([0.6, 0.8]))  # not zeros
+    torch.testing.assert_close(y[1], torch.tensor([0.6, 0.8]))
+    assert torch.equal(y[2], torch.zeros(2))  # a zero map stays zero, no NaN
+    inf = stitch(torch.tensor([[float("inf"), 1.0, 0.0]]))
+    assert not torch.isfinite(inf).all()  # an overflowing entry is still reported

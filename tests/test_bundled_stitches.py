@@ -1,0 +1,105 @@
+"""The bundled stitches in ``models/``: valid artifacts, their held-out claims, out of domain.
+
+The out-of-domain checks use ``tests/fixtures/everyday_sentences.*``: 80 everyday sentences
+written for LEAD (not in ``../shared``), embedded by the real models. The held-out checks
+recompute the scorecard on the SciFact documents listed in each model card, from
+``../shared/data`` (skipped when it is absent).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from lead import load_stitch, score_stitch
+from lead.artifacts import read_stitch_config
+from tests.conftest import FIXTURES, REPO
+
+MODELS = REPO / "models"
+BUNDLED = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
+EVERYDAY = FIXTURES / "everyday_sentences.safetensors"
+
+
+def _everyday() -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    with safe_open(str(EVERYDAY), "np") as f:
+        keys = {v: k for k, v in json.loads(f.metadata()["models"]).items()}
+    return load_file(EVERYDAY), keys
+
+
+def test_the_expected_stitches_are_bundled_and_small() -> None:
+    assert {"minilm-to-mpnet", "mpnet-to-minilm", "minilm-to-e5", "e5-to-minilm",
+            "minilm-to-pml3"} <= set(BUNDLED)  # fmt: skip
+    size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file())
+    assert size < 10 * 1024 * 1024, f"models/ is {size / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("stitch_id", BUNDLED)
+def test_bundled_stitch_loads_and_carries_its_provenance(stitch_id: str) -> None:
+    config = read_stitch_config(MODELS / stitch_id)
+    stitch = load_stitch(MODELS / stitch_id)
+    assert (stitch.d_src, stitch.d_tgt) == (config["source"]["dim"], config["target"]["dim"])
+    holdout = config["fit"]["holdout"]
+    assert holdout["fraction"] == 0.2 and len(holdout["ids"]) == holdout["test_pairs"]
+    card = (MODELS / stitch_id / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: lead" in card
+    assert holdout["ids"][0] in card  # the held-out documents are listed
+    scorecard = config["scorecard"]
+    assert scorecard["r2_score"] > scorecard["baselines"]["mean_estimator"]["r2_score"] + 0.3
+
+
+@pytest.mark.parametrize("stitch_id", BUNDLED)
+def test_bundled_stitch_keeps_its_quality_out_of_domain(stitch_id: str) -> None:
+    vectors, keys = _everyday()
+    config = read_stitch_config(MODELS / stitch_id)
+    src, tgt = keys[config["source"]["model"]], keys[config["target"]["model"]]
+    stitch = load_stitch(MODELS / stitch_id)
+    with torch.no_grad():
+        y = stitch(torch.from_numpy(vectors[src])).numpy()
+    cosine = float((y * vectors[tgt]).sum(axis=1).mean())
+    # the mean-estimator baseline: every sentence translated to the training target mean
+    mean = stitch.target_mean.numpy()
+    baseline = float((vectors[tgt] @ (mean / np.linalg.norm(mean))).mean())
+    assert cosine > baseline + 0.05, (cosine, baseline)
+    if stitch_id == "minilm-to-mpnet":
+        assert cosine >= 0.65, cosine
+
+
+def test_import_lead_does_not_import_fastapi() -> None:
+    code = "import sys, lead; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+    code += "('fastapi', 'starlette', 'pydantic_settings', 'uvicorn')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _scifact_docs(data: Path, key: str, ids: list[str]) -> np.ndarray:
+    sci = data / "scifact"
+    order = json.loads((sci / "ids.json").read_text())["corpus"]
+    if key == "mpnet":
+        order = json.loads((sci / "embeddings" / "mpnet_corpus_ids.json").read_text())
+    row = {d: i for i, d in enumerate(order)}
+    return load_file(sci / "embeddings" / f"{key}.safetensors")["corpus"][[row[d] for d in ids]]
+
+
+@pytest.mark.shared
+def test_minilm_to_mpnet_meets_its_held_out_claims(shared_data: Path) -> None:
+    config = read_stitch_config(MODELS / "minilm-to-mpnet")
+    held_out = config["fit"]["holdout"]["ids"]
+    X = _scifact_docs(shared_data, "minilm", held_out)
+    Y = _scifact_docs(shared_data, "mpnet", held_out)
+    stitch = load_stitch(MODELS / "minilm-to-mpnet")
+    # the training target mean is not stored apart from the stitch's centring vector,
+    # which is the mean of all training targets
+    card = score_stitch(stitch, X, Y, target_train_mean=stitch.target_mean.numpy()).to_dict()
+    assert card["pool_size"] == len(held_out) == 512  # every held-out document with mpnet
+    assert card["top1_accuracy_score"] >= 0.95
+    assert card["r2_score"] >= 0.35
+    assert abs(card["baselines"]["mean_estimator"]["r2_score"]) < 0.05
+    assert card["r2_score"] == pytest.approx(config["scorecard"]["r2_score"], abs=0.02)

@@ -11,8 +11,9 @@ For every stitch below, the training data is, in this order (``--holdout-from 1`
 
 Every candidate method is fitted with the same split; the one with the best held-out
 ``r2_score`` is kept, except that a bigger architecture must beat a smaller one by
-``MIN_GAIN`` to be chosen (the folder has to stay a few MB). The comparison is written to
-``models/candidates.json``, which ``models/README.md`` quotes.
+``MIN_GAIN`` to be chosen. Tensors are stored in float16 (``--save-dtype float16``) so the
+folder stays a few MB; the scorecards are computed on the rounded weights. The comparison
+is written to ``models/candidates.json``, which ``models/README.md`` quotes.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def scifact_pairs(data: Path, src: str, tgt: str) -> dict[str, object]:
 
 def fit_candidate(work: Path, stitch_id: str, src: str, tgt: str, name: str) -> dict[str, object]:
     method, options = CANDIDATES[name]
-    out = work / f"{stitch_id}.{name}"
+    out = work / name / stitch_id  # the folder name is the stitch id in the card
     cmd = [sys.executable, "-m", "lead.cli", "fit", "--method", method]
     for part in ("docs", "queries", "sts"):  # relative names: they are recorded in the card
         cmd += ["--source", f"{PARTS[part]}.{src}.npy", "--target", f"{PARTS[part]}.{tgt}.npy"]
@@ -93,7 +94,7 @@ def fit_candidate(work: Path, stitch_id: str, src: str, tgt: str, name: str) -> 
         cmd += ["--option", f"{key}={json.dumps(value)}"]
     cmd += [
         "--holdout", str(HOLDOUT), "--holdout-from", "1", "--seed", str(SEED),
-        "--ids", "scifact-doc-ids.json",
+        "--ids", "scifact-doc-ids.json", "--save-dtype", "float16",
         "--source-model", MODEL_IDS[src], "--target-model", MODEL_IDS[tgt],
         "--out", str(out),
     ]  # fmt: skip

@@ -1,0 +1,143 @@
+"""Write ``models/README.md`` from the build's candidates and the retrieval figures.
+
+.venv/bin/python models/report.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from build import CANDIDATES, MIN_GAIN, MODELS_DIR
+
+CORE = (
+    ("r2_score", "R²"),
+    ("top1_accuracy_score", "top-1"),
+    ("mean_rank_error", "mean rank"),
+    ("mean_cosine_similarity", "cosine"),
+    ("linear_cka_score", "CKA"),
+    ("mutual_knn_score", "mutual kNN"),
+)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def scorecards(candidates: dict[str, dict]) -> str:
+    lines = [
+        _row(
+            [
+                "stitch",
+                "method",
+                "pool",
+                *[label for _, label in CORE],
+                "mean-estimator R²",
+                "identity R²",
+            ]
+        ),
+        _row(["---"] * (5 + len(CORE))),
+    ]
+    for stitch_id, entry in sorted(candidates.items()):
+        for name in CANDIDATES:
+            card = entry["candidates"][name]["scorecard"]
+            chosen = name == entry["chosen"]
+            identity = card["baselines"].get("identity")
+            lines.append(
+                _row(
+                    [
+                        f"**{stitch_id}**" if chosen else stitch_id,
+                        f"**{name}** (bundled)" if chosen else name,
+                        str(card["pool_size"]),
+                        *[f"{card[key]:.3f}" for key, _ in CORE],
+                        f"{card['baselines']['mean_estimator']['r2_score']:.3f}",
+                        f"{identity['r2_score']:.3f}" if identity else "—",
+                    ]
+                )
+            )
+    return "\n".join(lines)
+
+
+def retrieval(results: dict[str, dict]) -> str:
+    lines = [
+        _row(
+            [
+                "pair",
+                "method",
+                "training data",
+                "documents",
+                "queries",
+                "native nDCG@10",
+                "document side nDCG@10 (ratio)",
+                "query side nDCG@10 (ratio)",
+                "document side recall@10 ratio",
+            ]
+        ),
+        _row(["---"] * 9),
+    ]
+    for key, r in sorted(results.items()):
+        pair, method, regime = key.split("/")
+        doc, query = r["document_side"], r["query_side"]
+        lines.append(
+            _row(
+                [
+                    pair,
+                    method,
+                    "SciFact documents only" if regime == "scifact" else "bundled mix",
+                    str(r["docs"]),
+                    str(r["queries"]),
+                    f"{r['native_ndcg_at_10_score']:.3f}",
+                    f"{doc['ndcg_at_10_score']:.3f} (**{doc['ndcg_at_10_ratio']:.3f}**)",
+                    f"{query['ndcg_at_10_score']:.3f} ({query['ndcg_at_10_ratio']:.3f})",
+                    f"{doc['recall_at_10_ratio']:.3f}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def out_of_domain(candidates: dict[str, dict]) -> str:
+    """Mean cosine to the true target vectors on the 80 everyday test sentences."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    from lead import load_stitch
+
+    fixture = MODELS_DIR.parent / "tests" / "fixtures" / "everyday_sentences.safetensors"
+    vectors = load_file(fixture)
+    with safe_open(str(fixture), "np") as f:
+        keys = {v: k for k, v in json.loads(f.metadata()["models"]).items()}
+    lines = [
+        _row(["stitch", "mean cosine to the true target vectors", "mean-estimator"]),
+        _row(["---"] * 3),
+    ]
+    for stitch_id in sorted(candidates):
+        stitch = load_stitch(MODELS_DIR / stitch_id)
+        src, tgt = keys[stitch.info.source_model], keys[stitch.info.target_model]
+        with torch.no_grad():
+            y = stitch(torch.from_numpy(vectors[src])).numpy()
+        mean = stitch.target_mean.numpy()
+        baseline = (vectors[tgt] @ (mean / (mean**2).sum() ** 0.5)).mean()
+        cosine = (y * vectors[tgt]).sum(axis=1).mean()
+        lines.append(_row([stitch_id, f"{cosine:.3f}", f"{baseline:.3f}"]))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    candidates = json.loads((MODELS_DIR / "candidates.json").read_text())
+    results_path = MODELS_DIR / "retrieval.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    template = (MODELS_DIR / "README.template.md").read_text()
+    text = template.format(
+        scorecards=scorecards(candidates),
+        retrieval=retrieval(results) if results else "(run models/evaluate.py)",
+        out_of_domain=out_of_domain(candidates),
+        min_gain=MIN_GAIN,
+    )
+    (MODELS_DIR / "README.md").write_text(text)
+    print(f"wrote {Path(MODELS_DIR / 'README.md')}")
+
+
+if __name__ == "__main__":
+    main()

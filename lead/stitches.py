@@ -214,7 +214,8 @@ class MLPStitch(Stitch):
         self.mlp = nn.Sequential(*layers)
 
     def _map(self, x_centred: Tensor) -> Tensor:
-        return x_centred @ self.weight.T + self.mlp(x_centred)
+        residual: Tensor = self.mlp(x_centred)
+        return x_centred @ self.weight.T + residual
 
 
 #: Architecture name → stitch class. The only way a config names a class.

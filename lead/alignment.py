@@ -14,7 +14,7 @@ import torch
 
 from lead import metrics
 from lead._validation import check_pairs
-from lead.errors import InvalidInputError
+from lead.errors import InvalidInputError, TooFewPairsError
 from lead.fitting import fit_ridge
 from lead.splits import kfold_indices
 
@@ -40,6 +40,39 @@ def _ridge_r2(X: torch.Tensor, Y: torch.Tensor, folds: int, seed: int) -> float:
     if reference <= np.finfo(np.float64).eps * scale:  # constant targets: 0 / 0
         return 1.0 if residual == 0.0 else 0.0
     return 1.0 - residual / reference
+
+
+def _min_pairs_for(folds: int) -> int:
+    """Fewest pairs whose every training part (all folds but one) has MIN_PAIRS rows."""
+    n = metrics.MIN_PAIRS
+    while n - -(-n // folds) < metrics.MIN_PAIRS:
+        n += 1
+    return n
+
+
+def _check_folds(n: int, folds: int) -> None:
+    if folds < 2:
+        raise InvalidInputError(f"folds must be at least 2, got {folds}", param="folds")
+    needed = max(_min_pairs_for(folds), folds)
+    if n < needed:
+        raise TooFewPairsError(
+            f"{n} pairs are too few for {folds} folds: every fold needs a pair and every "
+            f"training part (the pairs outside one fold) at least {metrics.MIN_PAIRS}; send at "
+            f"least {needed} pairs or use fewer folds",
+            minimum=needed,
+            got=n,
+            param="X",
+        )
+
+
+def _check_varies(M: torch.Tensor, name: str, side: str) -> None:
+    """Refuse a set whose rows are (nearly) all the same: every score would be 0 / 0."""
+    spread = float(((M - M.mean(dim=0)) ** 2).sum())
+    if spread <= 1e3 * np.finfo(np.float64).eps * float((M**2).sum()):
+        raise InvalidInputError(
+            f"the {side} vectors do not vary; alignment is undefined (all rows are the same)",
+            param=name,
+        )
 
 
 def alignment_scores(
@@ -69,9 +102,12 @@ def alignment_scores(
     Raises
     ------
     ShapeMismatchError, NonFiniteError, TooFewPairsError
-        Bad shapes, non-finite input, fewer than 4 pairs or too few for the folds.
+        Bad shapes, non-finite input, fewer than 4 pairs, or so few that a training fold
+        (all pairs but one fold) has fewer than 4.
     InvalidInputError
-        If ``folds < 2`` or ``max_pairs < 4``.
+        If ``folds < 2`` or ``max_pairs < 4``, or if ``X`` or ``Y`` does not vary (total
+        variance zero up to rounding, e.g. all-zero or repeated rows): the scores would be
+        0 / 0.
 
     Notes
     -----
@@ -113,7 +149,11 @@ def alignment_scores(
             rows = torch.from_numpy(keep).to(A.device)
             A, B = A[rows], B[rows]
     n = A.shape[0]
-    ridge_r2 = _ridge_r2(A.cpu(), B.cpu(), folds, seed)  # first: it checks folds against n
+    folds = int(folds)
+    _check_folds(n, folds)
+    _check_varies(A, "X", "source")
+    _check_varies(B, "Y", "target")
+    ridge_r2 = _ridge_r2(A.cpu(), B.cpu(), folds, seed)
     return {
         "pairs": n,
         "linear_cka_score": metrics.linear_cka_score(A, B),

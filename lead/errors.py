@@ -16,6 +16,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     │   └── LimitExceededError                    more vectors / bytes than allowed (limit, got)
     │       └── PayloadTooLargeError              request body over the byte limit
     ├── UnsupportedMediaTypeError (ValueError)    request body that is not JSON / safetensors
+    ├── RequestTimeoutError (TimeoutError)        request body that did not arrive in time
     ├── StitchFormatError (ValueError)            artifact with a bad config or tensors
     │   └── UnknownArchitectureError              architecture not in the registry
     ├── NotFoundError (LookupError)
@@ -57,6 +58,7 @@ __all__ = [
     "NotReadyError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "RequestTimeoutError",
     "ShapeMismatchError",
     "StitchFormatError",
     "StitchNotFoundError",
@@ -136,6 +138,10 @@ class PayloadTooLargeError(LimitExceededError):
 
 class UnsupportedMediaTypeError(LeadError, ValueError):
     """A request body whose content type the endpoint does not accept."""
+
+
+class RequestTimeoutError(LeadError, TimeoutError):
+    """A request body that did not arrive within the configured time (slow or stalled client)."""
 
 
 class StitchFormatError(LeadError, ValueError):

@@ -94,6 +94,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=lead.__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        # FastAPI's own /docs, /redoc and /openapi.json would bypass the API keys:
+        # service/routes/docs.py serves them as a protected router.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
@@ -105,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
+        body_timeout_s=settings.body_timeout_seconds,
     )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

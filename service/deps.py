@@ -1,4 +1,5 @@
-"""FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiter)."""
+"""FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiter),
+and :func:`require_json`, the one content-type rule of every route with a JSON body."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from lead.errors import NotReadyError
+from lead.errors import NotReadyError, UnsupportedMediaTypeError
 from service.limits import ConcurrencyLimiter
 from service.observability import Metrics
 from service.registry import StitchRegistry
@@ -21,6 +22,7 @@ __all__ = [
     "get_metrics",
     "get_registry",
     "get_settings",
+    "require_json",
 ]
 
 
@@ -45,6 +47,24 @@ def get_registry(request: Request) -> StitchRegistry:
     if registry is None:
         raise NotReadyError("the service is starting")
     return registry
+
+
+def require_json(request: Request) -> None:
+    """Refuse (415) a request whose ``Content-Type`` is not ``application/json`` (or
+    ``application/*+json``); a missing header is refused too.
+
+    Declared on every route with a JSON body (``dependencies=[Depends(require_json)]``),
+    so that a form or a text body gets 415 instead of a validation error.
+    """
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise UnsupportedMediaTypeError(
+            f"Content-Type must be application/json, got {content_type or 'none'!r}"[:300],
+            param="Content-Type",
+        )
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

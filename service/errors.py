@@ -7,7 +7,9 @@ Every error response, FastAPI's own 404/405/422 included, has the body::
 :data:`ERROR_TABLE` maps each :class:`lead.errors.LeadError` class to a status, an
 OpenAI-style ``type`` and a ``code``; a class not listed uses its nearest listed base
 class. Anything else is a 500 whose message never shows internals (the traceback is
-logged with the request id).
+logged with the request id). A client that went away before its request was read
+(:class:`starlette.requests.ClientDisconnect`) is no error of the service: it is logged at
+debug level and counted with the status 499 ("client closed request"), never as a 500.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.types import Scope
 
 from lead import errors as le
 
 __all__ = [
+    "CLIENT_CLOSED_STATUS",
     "ERROR_TABLE",
     "REQUEST_ID_SCOPE_KEY",
     "ErrorKind",
+    "echo",
     "error_response",
     "install_error_handlers",
     "lead_error_response",
@@ -37,6 +43,13 @@ logger = logging.getLogger("lead.service")
 
 #: Where the request-id middleware stores the id of the request in the ASGI scope.
 REQUEST_ID_SCOPE_KEY = "lead.request_id"
+
+#: Status recorded for a request whose client disconnected before it was answered (nginx's
+#: "client closed request"); the client never sees it.
+CLIENT_CLOSED_STATUS = 499
+
+#: Longest client-supplied value (an id, a path) echoed in an error message.
+ECHO_LIMIT = 200
 
 
 class ErrorKind(NamedTuple):
@@ -59,6 +72,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.LimitExceededError: ErrorKind(422, _INVALID, "limit_exceeded"),
     le.PayloadTooLargeError: ErrorKind(413, _INVALID, "payload_too_large"),
     le.UnsupportedMediaTypeError: ErrorKind(415, _INVALID, "unsupported_media_type"),
+    le.RequestTimeoutError: ErrorKind(408, _INVALID, "request_timeout"),
     le.StitchFormatError: ErrorKind(422, _INVALID, "stitch_format_error"),
     le.NotFoundError: ErrorKind(404, "not_found_error", "not_found"),
     le.StitchNotFoundError: ErrorKind(404, "not_found_error", "stitch_not_found"),
@@ -82,11 +96,22 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "validation_error",
     429: "overloaded",
 }
+
+
+def echo(value: str, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with an ellipsis.
+
+    Client-supplied ids can be megabytes long; a message quotes only their start.
+    """
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
 
 
 def kind_of(exc: le.LeadError) -> ErrorKind:
@@ -148,19 +173,37 @@ def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:
     )
 
 
+def client_closed_response(request: Request) -> Response:
+    """What a request whose client disconnected gets (nobody reads it; metrics count 499)."""
+    logger.debug(
+        "client disconnected before %s %s was answered (request %s)",
+        request.method,
+        request.url.path,
+        request_id_of(request.scope),
+    )
+    return Response(status_code=CLIENT_CLOSED_STATUS)
+
+
+async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ClientDisconnect)
+    return client_closed_response(request)
+
+
 async def _on_lead_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, le.LeadError)
     return lead_error_response(exc, request.scope)
 
 
-async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+async def _on_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     # A LeadError raised while FastAPI reads a body (e.g. the body limit) arrives wrapped.
     if isinstance(exc.__cause__, le.LeadError):
         return lead_error_response(exc.__cause__, request.scope)
+    if isinstance(exc.__cause__, ClientDisconnect):
+        return client_closed_response(request)
     status = exc.status_code
     if status == 404:
-        message = f"no route {request.url.path}"
+        message = f"no route {echo(request.url.path)}"
     elif status == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
@@ -191,6 +234,12 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     errors = list(exc.errors())
     first: dict[str, Any] = errors[0] if errors else {}
     loc = tuple(first.get("loc", ()))
+    # A schema validator that raised a LeadError (e.g. NonFiniteError) keeps its status/code.
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, le.LeadError):
+        if cause.param is None:
+            cause.param = _loc_to_param(loc)
+        return lead_error_response(cause, request.scope)
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "JSON decode error")
         return error_response(
@@ -237,6 +286,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the envelope handlers on ``app`` (LeadError, HTTP, validation, catch-all)."""
     app.add_exception_handler(le.LeadError, _on_lead_error)
+    app.add_exception_handler(ClientDisconnect, _on_client_disconnect)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -1,19 +1,29 @@
-"""Request limits: body bytes (a pure ASGI middleware) and requests in flight.
+"""Request limits: body bytes and body time (a pure ASGI middleware), requests in flight.
 
 The body limit is enforced twice: on ``Content-Length`` before the app runs (413 at once),
 and while the body streams in (a chunked or lying client): the wrapped ``receive`` raises
 :class:`~lead.errors.PayloadTooLargeError` as soon as the running total passes the limit,
 which the error handlers turn into a 413.
+
+The body time is enforced in the same wrapped ``receive``: a body that has not arrived
+within ``body_timeout_s`` (a slow-loris client, or one whose ``Content-Length`` promises
+more than it sends) raises :class:`~lead.errors.RequestTimeoutError` (408). Paths with
+their own byte limit (dataset uploads, which stream large files) get the timeout per piece
+of the body instead of for the whole body. Once the body is complete, ``receive`` is no
+longer timed (the app may wait on it for a disconnect).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lead.errors import OverloadedError, PayloadTooLargeError
+from lead.errors import OverloadedError, PayloadTooLargeError, RequestTimeoutError
 from service.errors import lead_error_response
 
 __all__ = ["BodyLimitMiddleware", "ConcurrencyLimiter"]
@@ -38,39 +48,69 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+def _timed_out(seconds: float, per_piece: bool) -> RequestTimeoutError:
+    what = "the next piece of the request body" if per_piece else "the request body"
+    return RequestTimeoutError(
+        f"{what} did not arrive within {seconds:g} seconds; send the whole body promptly",
+        param="body",
+    )
+
+
 class BodyLimitMiddleware:
-    """Refuse request bodies over ``max_body_bytes`` with 413.
+    """Refuse request bodies over ``max_body_bytes`` with 413, and slow ones with 408.
 
     ``path_limits`` maps exact paths to their own limit (dataset uploads are larger than
-    translate requests).
+    translate requests); on those paths ``body_timeout_s`` limits the wait for each piece of
+    the body, elsewhere the time for the whole body (``math.inf``: no limit).
     """
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        path_limits: dict[str, int] | None = None,
+        body_timeout_s: float = math.inf,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.path_limits = dict(path_limits or {})
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.path_limits.get(scope.get("path", ""), self.max_body_bytes)
+        path = scope.get("path", "")
+        limit = self.path_limits.get(path, self.max_body_bytes)
+        per_piece = path in self.path_limits
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             response = lead_error_response(_too_large(limit, declared), scope)
             await response(scope, receive, send)
             return
         received = 0
+        body_done = False
+        deadline: float | None = None
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done, deadline
+            if body_done:
+                return await receive()
+            now = time.monotonic()
+            if per_piece or deadline is None:
+                deadline = now + self.body_timeout_s
+            try:
+                with anyio.fail_after(max(deadline - now, 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                raise _timed_out(self.body_timeout_s, per_piece) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise _too_large(limit, received)
+                body_done = not message.get("more_body", False)
+            else:  # http.disconnect
+                body_done = True
             return message
 
         await self.app(scope, limited_receive, send)

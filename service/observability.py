@@ -13,9 +13,11 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.datastructures import MutableHeaders
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import REQUEST_ID_SCOPE_KEY
@@ -80,8 +82,33 @@ def _incoming_request_id(scope: Scope) -> str | None:
     return None
 
 
+def _match_route(routes: Any, scope: Scope) -> Any:
+    """The route that routing would pick for ``scope`` (a full match, else a method-only
+    mismatch), looking into included routers (FastAPI keeps them as nested routers)."""
+    partial = None
+    for candidate in routes:
+        nested = getattr(candidate, "original_router", None)
+        if nested is not None:
+            found = _match_route(nested.routes, scope)
+        elif isinstance(getattr(candidate, "path", None), str):
+            match, _ = candidate.matches(scope)
+            found = candidate if match != Match.NONE else None
+            if match == Match.PARTIAL:
+                partial, found = partial or candidate, None
+        else:
+            found = None
+        if found is not None:
+            return found
+    return partial
+
+
 def _route_label(scope: Scope) -> str:
+    """The route template of the request; matched here when a middleware answered before
+    routing (a 413 on ``Content-Length``), so that a route's errors share one label."""
     route = scope.get("route")
+    if route is None:
+        router = getattr(scope.get("app"), "router", None)
+        route = _match_route(getattr(router, "routes", ()), scope)
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
 

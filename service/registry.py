@@ -21,6 +21,7 @@ from lead.errors import (
     StitchNotFoundError,
 )
 from lead.stitches import Stitch
+from service.errors import echo
 from service.routing import Origin, Route, StitchEntry, probe_stitch, shortest_chain
 
 __all__ = ["LoadFailure", "Readiness", "Route", "StitchEntry", "StitchRegistry"]
@@ -115,7 +116,7 @@ class StitchRegistry:
         entry = StitchEntry(stitch_id, stitch, origin, revision)
         with self._lock:
             if stitch_id in self._entries and not replace:
-                raise ConflictError(f"a stitch with id {stitch_id!r} is already served")
+                raise ConflictError(f"a stitch with id {echo(stitch_id)} is already served")
             for model, dim in (
                 (entry.source_model, stitch.d_src),
                 (entry.target_model, stitch.d_tgt),
@@ -123,7 +124,7 @@ class StitchRegistry:
                 known = self._model_dims.get(model)
                 if known is not None and known != dim:
                     raise StitchFormatError(
-                        f"stitch {stitch_id!r} gives model {model!r} dimension {dim}, but "
+                        f"stitch {echo(stitch_id)} gives model {echo(model)} dimension {dim}, but "
                         f"another stitch gives it {known}"
                     )
             self._model_dims.setdefault(entry.source_model, stitch.d_src)
@@ -168,17 +169,17 @@ class StitchRegistry:
             if entry is not None:
                 return entry
             if stitch_id in self._pending:
-                raise NotReadyError(f"stitch {stitch_id!r} is still loading")
+                raise NotReadyError(f"stitch {echo(stitch_id)} is still loading")
             failure = self._failures.get(stitch_id)
             known = sorted(self._entries)
         if failure is not None:
             raise StitchNotFoundError(
-                f"stitch {stitch_id!r} failed to load at start-up ({failure.error}: "
+                f"stitch {echo(stitch_id)} failed to load at start-up ({failure.error}: "
                 f"{failure.message}); see /readyz",
                 param="stitch",
             )
         raise StitchNotFoundError(
-            f"no stitch {stitch_id!r}; served: {', '.join(known) or 'none'}", param="stitch"
+            f"no stitch {echo(stitch_id)}; served: {', '.join(known) or 'none'}", param="stitch"
         )
 
     def route_for_id(self, stitch_id: str) -> Route:
@@ -201,7 +202,7 @@ class StitchRegistry:
         """
         if source_model == target_model:
             raise InvalidInputError(
-                f"source_model and target_model are both {source_model!r}", param="target_model"
+                f"source_model and target_model are both {echo(source_model)}", param="target_model"
             )
         with self._lock:
             entries = [self._entries[k] for k in sorted(self._entries)]
@@ -214,19 +215,19 @@ class StitchRegistry:
             for name, model in (("source_model", source_model), ("target_model", target_model)):
                 if model not in models:
                     raise StitchNotFoundError(
-                        f"no served stitch involves model {model!r}; known models: "
+                        f"no served stitch involves model {echo(model)}; known models: "
                         f"{', '.join(models) or 'none'}",
                         param=name,
                     )
             raise StitchNotFoundError(
-                f"no stitch or chain of stitches from {source_model!r} to {target_model!r}",
+                f"no stitch or chain of stitches from {echo(source_model)} to {echo(target_model)}",
                 param="target_model",
             )
         if strict and len(path) > 1:
             chain = " → ".join(e.id for e in path)
             raise StitchNotFoundError(
-                f"no direct stitch from {source_model!r} to {target_model!r}; a chain exists "
-                f"({chain}) but strict=true refuses chains",
+                f"no direct stitch from {echo(source_model)} to {echo(target_model)}; a chain "
+                f"exists ({chain}) but strict=true refuses chains",
                 param="strict",
             )
         return Route(tuple(path), self.device, self.dtype)

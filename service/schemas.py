@@ -212,6 +212,7 @@ _ERROR_DESCRIPTIONS = {
     400: "Malformed request: invalid JSON, bad base64, bytes that are not float32, empty input.",
     401: "Missing or wrong API key (`Authorization: Bearer <key>`).",
     404: "Unknown stitch, model or route.",
+    408: "The request body did not arrive in time (LEAD_BODY_TIMEOUT_SECONDS).",
     413: "Request body over the byte limit.",
     415: "Content-Type is not application/json.",
     422: "Dimension mismatch, ragged batch, NaN or infinity, too many vectors, invalid fields.",

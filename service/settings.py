@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(
         default=16, ge=1, description="Translate requests in flight; beyond it 429."
     )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Time a request body may take to arrive, beyond it 408: the whole body of "
+        "a JSON request; each piece of a dataset upload (uploads are large, so the wait between "
+        "pieces is limited instead). Stalled clients hold no translate slot meanwhile.",
+    )
     retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After on 429.")
     torch_threads: int = Field(
         default=1,

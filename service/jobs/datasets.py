@@ -108,6 +108,21 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
         raise InvalidInputError(
             "qrels must be a JSON object {query_id: {corpus_id: grade}}", param="qrels"
         )
+    corpus = set(corpus_ids)
+    judged = sum(
+        1
+        for qid in set(query_ids)
+        if any(g > 0 and doc in corpus for doc, g in qrels.get(qid, {}).items())
+    )
+    if judged == 0:
+        raise TooFewPairsError(
+            f"none of the {m} queries has a document judged relevant (grade > 0) in qrels "
+            "among corpus_ids, so no retrieval score could be computed; fix qrels or upload "
+            "the dataset without query tensors",
+            minimum=1,
+            got=0,
+            param="qrels",
+        )
 
 
 def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
@@ -139,7 +154,8 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
     NonFiniteError
         NaN or infinity in any tensor.
     TooFewPairsError, LimitExceededError
-        Fewer than 4 or more than ``max_rows`` pairs.
+        Fewer than 4 or more than ``max_rows`` pairs; query tensors with 0 rows, or whose
+        queries have no document judged relevant among the corpus rows (HTTP 422).
     """
     try:
         handle = safe_open(str(path), framework="np")
@@ -219,6 +235,13 @@ def _check_queries(shapes: dict[str, tuple[int, ...]], d_src: int, d_tgt: int) -
             )
         return None
     m = shapes["target_queries"][0]
+    if m == 0:
+        raise TooFewPairsError(
+            "'target_queries' has 0 rows; send at least one query, or no query tensors",
+            minimum=1,
+            got=0,
+            param="target_queries",
+        )
     wanted = {"target_queries": (m, d_tgt)}
     if "source_queries" in shapes:
         wanted["source_queries"] = (m, d_src)

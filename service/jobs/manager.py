@@ -54,6 +54,10 @@ def request_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+#: Parameter names of lead.alignment_scores → fields of POST /v1/align.
+_ALIGN_PARAMS = {"X": "source", "Y": "target"}
+
+
 def _slug(model: str) -> str:
     name = model.rstrip("/").rsplit("/", 1)[-1].lower()
     return re.sub(r"[^a-z0-9._-]+", "-", name).strip("-._")[:40] or "model"
@@ -364,11 +368,18 @@ class JobManager:
             source, target = data.source, data.target
         else:
             source, target = self._inline_pairs(body)
-        scores = alignment_scores(
-            source,
-            target,
-            folds=body.folds,
-            seed=body.seed,
-            max_pairs=self.settings.max_align_pairs,
-        )
+        try:
+            scores = alignment_scores(
+                source,
+                target,
+                folds=body.folds,
+                seed=body.seed,
+                max_pairs=self.settings.max_align_pairs,
+            )
+        except LeadError as exc:  # lead names the arrays X and Y; the request, source/target
+            exc.param = _ALIGN_PARAMS.get(exc.param or "", exc.param)
+            exc.message = re.sub(
+                r"\b[XY]\b", lambda m: "source" if m[0] == "X" else "target", exc.message
+            )
+            raise
         return {"object": "alignment", **scores}

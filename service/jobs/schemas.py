@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from lead.errors import InvalidInputError, NonFiniteError
 from service.jobs.layout import STITCH_ID_PATTERN
 from service.jobs.store import DatasetRecord, JobRecord
 from service.schemas import ErrorEnvelope, error_responses
@@ -47,10 +56,48 @@ def job_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
+def _check_finite(value: Any, path: str) -> None:
+    """Raise :class:`NonFiniteError` naming the first NaN / infinity in parsed JSON.
+
+    The body parser accepts ``NaN``, ``Infinity`` and ``1e999``; JSON output would turn
+    them into ``null`` (so a job would run with another option than sent).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NonFiniteError(f"{path} is {value!r}; numbers must be finite", param=path)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{path}[{i}]")
+
+
 class PairsInput(BaseModel):
     """Paired embeddings: an uploaded dataset id, or ``source`` + ``target`` inline."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_fields(cls, data: Any) -> Any:
+        """NaN / infinity anywhere but the vectors is 422 (the vectors are checked later,
+        naming the row)."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if key not in ("source", "target"):
+                    _check_finite(value, str(key))
+        return data
+
+    @field_validator("source", "target", mode="before")
+    @classmethod
+    def _no_bools(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` / ``false`` are not numbers (pydantic would read them as 1.0 / 0.0)."""
+        if isinstance(value, list):
+            for i, row in enumerate(value):
+                if isinstance(row, list) and bool in map(type, row):
+                    name = f"{info.field_name}[{i}]"
+                    raise InvalidInputError(f"{name} contains a bool, not a number", param=name)
+        return value
 
     dataset: str | None = Field(default=None, description="Id of an uploaded dataset (`ds_...`).")
     source: list[list[float]] | list[str] | None = Field(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lead.errors import ConflictError, DatasetNotFoundError, JobNotFoundError
+from service.errors import echo
 
 __all__ = ["ACTIVE_STATUSES", "DatasetRecord", "JobRecord", "JobStore", "new_id"]
 
@@ -253,7 +254,7 @@ class JobStore:
         """
         row = self._connection().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
-            raise JobNotFoundError(f"no job with id {job_id!r}", param="job_id")
+            raise JobNotFoundError(f"no job with id {echo(job_id)}", param="job_id")
         return JobRecord.from_row(row)
 
     def find_idempotent(self, key: str) -> tuple[JobRecord, str | None] | None:
@@ -280,7 +281,7 @@ class JobStore:
         if after is not None:
             row = conn.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
             if row is None:
-                raise JobNotFoundError(f"no job with id {after!r}", param="after")
+                raise JobNotFoundError(f"no job with id {echo(after)}", param="after")
             where.append("seq < ?")
             args.append(row["seq"])
         if status is not None:
@@ -317,7 +318,7 @@ class JobStore:
             self._connection().execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
         )
         if row is None:
-            raise JobNotFoundError(f"no job with id {job_id!r}", param="job_id")
+            raise JobNotFoundError(f"no job with id {echo(job_id)}", param="job_id")
         return str(row["status"])
 
     def update_progress(self, job_id: str, stage: str, step: int, total: int) -> None:
@@ -341,7 +342,7 @@ class JobStore:
         with self._transaction() as conn:
             status = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if status is None:
-                raise JobNotFoundError(f"no job with id {job_id!r}", param="job_id")
+                raise JobNotFoundError(f"no job with id {echo(job_id)}", param="job_id")
             if status["status"] == "queued":
                 conn.execute(
                     "UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = ?",
@@ -466,7 +467,7 @@ class JobStore:
             .fetchone()
         )
         if row is None:
-            raise DatasetNotFoundError(f"no dataset with id {dataset_id!r}", param="dataset")
+            raise DatasetNotFoundError(f"no dataset with id {echo(dataset_id)}", param="dataset")
         return DatasetRecord(row["id"], json.loads(row["info"]), row["path"], row["created_at"])
 
     def list_datasets(
@@ -479,7 +480,7 @@ class JobStore:
         if after is not None:
             row = conn.execute("SELECT seq FROM datasets WHERE id = ?", (after,)).fetchone()
             if row is None:
-                raise DatasetNotFoundError(f"no dataset with id {after!r}", param="after")
+                raise DatasetNotFoundError(f"no dataset with id {echo(after)}", param="after")
             cutoff = row["seq"]
         rows = conn.execute(
             "SELECT * FROM datasets WHERE seq < ? ORDER BY seq DESC LIMIT ?",
@@ -520,5 +521,5 @@ class JobStore:
                 )
             cursor = conn.execute("DELETE FROM datasets WHERE id = ?", (dataset_id,))
         if cursor.rowcount != 1:
-            raise DatasetNotFoundError(f"no dataset with id {dataset_id!r}", param="dataset")
+            raise DatasetNotFoundError(f"no dataset with id {echo(dataset_id)}", param="dataset")
         return record

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, FastAPI
 
 from service.auth import require_api_key
-from service.routes import align, datasets, health, info, jobs, stitches, translate
+from service.routes import align, datasets, docs, health, info, jobs, stitches, translate
 
 __all__ = ["OPEN_ROUTERS", "PROTECTED_ROUTERS", "include_routers"]
 
@@ -19,6 +19,7 @@ PROTECTED_ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     datasets.router,
     align.router,
+    docs.router,
 )
 
 

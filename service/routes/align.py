@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from service.deps import require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import AlignRequest, AlignResponse, job_error_responses
 
@@ -21,7 +22,8 @@ router = APIRouter(tags=["align"])
 @router.post(
     "/v1/align",
     response_model=AlignResponse,
-    responses=job_error_responses(400, 404, 413, 422),
+    responses=job_error_responses(400, 404, 408, 413, 415, 422),
+    dependencies=[Depends(require_json)],
     summary="Score the alignment of two paired embedding sets",
 )
 def align(body: AlignRequest, jobs: JobsDep) -> dict[str, Any]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
+from service.deps import require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import JobCreate, JobList, JobOut, job_error_responses
 
@@ -26,7 +27,8 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelling", "canc
     "/v1/jobs",
     status_code=202,
     response_model=JobOut,
-    responses=job_error_responses(400, 404, 409, 413, 422, 503),
+    responses=job_error_responses(400, 404, 408, 409, 413, 415, 422, 503),
+    dependencies=[Depends(require_json)],
     summary="Train a stitch (asynchronous)",
 )
 def create_job(

@@ -13,15 +13,15 @@ from typing import Any
 
 import orjson
 import torch
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
-from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep
-from service.encoding import decode_vectors, encode_vectors
+from lead.errors import InvalidInputError, LimitExceededError
+from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, require_json
+from service.encoding import decode_vectors, encode_vectors, reject_bools
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -61,18 +61,6 @@ _REQUEST_BODY: dict[str, Any] = {
 }
 
 
-def _check_content_type(request: Request) -> None:
-    content_type = request.headers.get("content-type", "")
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type != "application/json" and not (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        raise UnsupportedMediaTypeError(
-            f"Content-Type must be application/json, got {content_type or 'none'!r}",
-            param="Content-Type",
-        )
-
-
 def _parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
@@ -81,7 +69,7 @@ def _parse_json(body: bytes) -> Any:
     # orjson refuses NaN / Infinity and numbers that overflow a double (1e999). Parse those
     # with the standard library so that the finiteness check can name the vector (422).
     try:
-        return json.loads(body)
+        return json.loads(body.decode("utf-8"))  # bytes would be sniffed for UTF-16/32
     except (ValueError, RecursionError):
         raise RequestValidationError(
             [
@@ -114,6 +102,48 @@ def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
     return options, payload["input"]
 
 
+def _count_bool_tokens(body: bytes, stop_after: int) -> int:
+    """Occurrences of ``true`` and ``false`` in ``body`` (in strings too), up to ``stop_after``.
+
+    Each candidate is found with ``bytes.find`` of one byte (memchr): microseconds for a body
+    whose values are numbers, where those letters occur only in the few keys and strings.
+    """
+    count = 0
+    for token in (b"true", b"false"):
+        i = body.find(token[:1])
+        while i != -1:
+            if body.startswith(token, i):
+                count += 1
+                if count >= stop_after:
+                    return count
+            i = body.find(token[:1], i + 1)
+    return count
+
+
+def _may_hold_bools(body: bytes, payload: dict[str, Any]) -> bool:
+    """Whether float-array ``input`` may hold a JSON boolean, judged from the raw bytes.
+
+    Every ``true`` / ``false`` of the body is a boolean or part of a string. Without
+    backslashes (escapes), strings parse to their bytes, so the body holds at least as many
+    tokens outside ``input`` as the parsed fields other than ``input`` show; more tokens
+    than that means a boolean inside ``input``. False positives only cost the exact scan.
+    """
+    if b"\\" in body:
+        return True
+    outside = 0
+    for key, value in payload.items():
+        if key == "input":
+            continue
+        outside += key.count("true") + key.count("false")
+        if type(value) is bool:
+            outside += 1
+        elif isinstance(value, str):
+            outside += value.count("true") + value.count("false")
+        elif value is not None and not isinstance(value, int | float):
+            return True
+    return _count_bool_tokens(body, outside + 1) > outside
+
+
 def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
     if options.stitch is not None:
         return registry.route_for_id(options.stitch)
@@ -128,7 +158,8 @@ def _translate(
     if torch.get_num_threads() != settings.torch_threads:
         # OpenMP keeps a thread count per calling thread: set it in this worker too.
         torch.set_num_threads(settings.torch_threads)
-    options, items = _parse_options(_parse_json(body))
+    payload = _parse_json(body)
+    options, items = _parse_options(payload)
     route = _find_route(registry, options)
     if isinstance(items, list) and len(items) > settings.max_vectors:
         raise LimitExceededError(
@@ -137,7 +168,9 @@ def _translate(
             got=len(items),
             param="input",
         )
-    x = decode_vectors(items, route.d_src)
+    x = decode_vectors(items, route.d_src, check_bools=False)
+    if isinstance(items[0], list) and _may_hold_bools(body, payload):
+        reject_bools(items)
     y = route.translate(x, normalize=options.normalize)
     encoded = encode_vectors(y, options.encoding_format)
     ids = [entry.id for entry in route.entries]
@@ -165,7 +198,8 @@ def _translate(
     response_model=TranslateResponse,
     summary="Translate vectors into another model's space",
     openapi_extra=_REQUEST_BODY,
-    responses=error_responses(400, 401, 404, 413, 415, 422, 429, 503),
+    responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429, 503),
+    dependencies=[Depends(require_json)],
 )
 async def translate(
     request: Request,
@@ -178,9 +212,10 @@ async def translate(
     `target_model` (through the shortest chain of stitches when no direct one exists,
     unless `strict`). `data[i]` answers `input[i]`; `stitch.chain` names the stitches used.
     """
-    _check_content_type(request)
+    # Read the body first: the limiter guards compute, and a slow client must not hold a
+    # slot (the body limit middleware times the read out with 408).
+    body = await request.body()
     async with limiter.slot(settings.retry_after_seconds):
-        body = await request.body()
         content = await run_in_threadpool(_translate, body, registry, settings, metrics)
     return Response(content, media_type="application/json")
 

@@ -82,3 +82,31 @@ def test_errors() -> None:
         alignment_scores(X, X, folds=1)
     with pytest.raises(InvalidInputError):
         alignment_scores(X, X, max_pairs=3)
+
+
+def test_too_few_pairs_per_training_fold_is_refused_up_front() -> None:
+    X = np.random.default_rng(4).normal(size=(7, 3))
+    with pytest.raises(TooFewPairsError, match="at least 8 pairs") as info:
+        alignment_scores(X, X, folds=2)  # folds of 4 and 3: a training part of 3 pairs
+    assert (info.value.minimum, info.value.got, info.value.param) == (8, 7, "X")
+    assert alignment_scores(np.vstack([X, X[:1] + 1.0]), np.vstack([X, X[:1]]), folds=2)
+    with pytest.raises(TooFewPairsError, match="fewer folds"):
+        alignment_scores(np.eye(6), np.eye(6), folds=10)  # a fold would be empty
+
+
+@pytest.mark.parametrize("side", ["X", "Y"])
+@pytest.mark.parametrize("kind", ["zeros", "one row repeated", "constant plus rounding noise"])
+def test_sets_that_do_not_vary_are_refused(side: str, kind: str) -> None:
+    rng = np.random.default_rng(5)
+    good = rng.normal(size=(30, 4))
+    flat = {
+        "zeros": np.zeros((30, 4)),
+        "one row repeated": np.tile(good[:1] * 1e3, (30, 1)),
+        "constant plus rounding noise": 1.0 + 1e-17 * rng.normal(size=(30, 4)),
+    }[kind]
+    X, Y = (flat, good) if side == "X" else (good, flat)
+    with pytest.raises(InvalidInputError, match="do not vary; alignment is undefined") as info:
+        alignment_scores(X, Y)
+    assert info.value.param == side
+    tiny_but_varying = 1e-6 * good  # small scale is fine: the check is relative
+    assert alignment_scores(tiny_but_varying, good)["linear_cka_score"] == pytest.approx(1.0)

@@ -84,7 +84,29 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("over the inline cap", lambda X, Y: {"source": np.tile(X, (6, 1)).tolist(),
                                           "target": np.tile(Y, (6, 1)).tolist()}, 422,
      "limit_exceeded"),
+    ("7 pairs in 2 folds", lambda X, Y: {"source": X[:7].tolist(), "target": Y[:7].tolist(),
+                                         "folds": 2}, 422, "too_few_pairs"),
+    ("all-zero source", lambda X, Y: {"source": np.zeros_like(X).tolist(),
+                                      "target": Y.tolist()}, 400, "invalid_input"),
+    ("one target row repeated", lambda X, Y: {"source": X.tolist(),
+                                              "target": np.tile(Y[:1], (20, 1)).tolist()}, 400,
+     "invalid_input"),
+    ("NaN seed", lambda X, Y: {"source": X.tolist(), "target": Y.tolist(), "seed": float("nan")},
+     422, "non_finite_input"),
+    ("a boolean among floats", lambda X, Y: {"source": [[*X[0, :-1].tolist(), True],
+                                                        *X[1:].tolist()], "target": Y.tolist()},
+     400, "invalid_input"),
 ]  # fmt: skip
+
+#: (case, param, words in the message) of the cases whose error names a side.
+PARAMS = {
+    "3 pairs": ("source", ["at least 4 pairs", "3"]),
+    "7 pairs in 2 folds": ("source", ["training", "at least 8 pairs", "fewer folds"]),
+    "all-zero source": ("source", ["source vectors do not vary"]),
+    "one target row repeated": ("target", ["target vectors do not vary"]),
+    "NaN seed": ("seed", ["seed"]),
+    "a boolean among floats": ("source[0]", ["bool"]),
+}
 
 
 @pytest.mark.parametrize(("case", "make", "status", "code"), BAD, ids=[c[0] for c in BAD])
@@ -96,7 +118,22 @@ def test_bad_align_request_then_a_good_one(
     r = client.post("/v1/align", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code, r.json()
+    if case in PARAMS:
+        param, words = PARAMS[case]
+        assert r.json()["error"]["param"] == param, r.json()
+        assert all(w in r.json()["error"]["message"] for w in words), r.json()
     good = client.post(
         "/v1/align", json={"source": X[:12].tolist(), "target": Y[:12].tolist(), "folds": 2}
     )
     assert good.status_code == 200, good.text
+
+
+def test_wrong_content_type_is_415_then_a_good_one(client: TestClient, scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"][:12], scifact_small.corpus["mpnet"][:12]
+    body = json.dumps({"source": X.tolist(), "target": Y.tolist(), "folds": 2})
+    for headers in ({"content-type": "text/plain"}, {"content-type": "multipart/form-data"}, {}):
+        r = client.post("/v1/align", content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        assert r.json()["error"]["code"] == "unsupported_media_type"
+        good = client.post("/v1/align", content=body, headers={"content-type": "application/json"})
+        assert good.status_code == 200, good.text

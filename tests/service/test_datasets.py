@@ -164,6 +164,10 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("qrels not JSON", lambda X, Y: _retrieval(X, Y, qrels="{nope"), OCTET, 400, "decode_error"),
     ("query dim", lambda X, Y: dataset_bytes(X, Y, _retrieval_meta(), source_queries=X[:3, :10],
      target_queries=Y[:3]), OCTET, 422, "shape_mismatch"),
+    ("0 query rows", lambda X, Y: dataset_bytes(X, Y, {**_retrieval_meta(), "query_ids": "[]",
+     "qrels": "{}"}, source_queries=X[:0], target_queries=Y[:0]), OCTET, 422, "too_few_pairs"),
+    ("no judged query", lambda X, Y: _retrieval(X, Y, qrels=json.dumps({"q0": {"d1": 0},
+     "q1": {"elsewhere": 2}, "other": {"d2": 1}})), OCTET, 422, "too_few_pairs"),
 ]  # fmt: skip
 
 

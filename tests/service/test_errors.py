@@ -183,7 +183,38 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
         "invalid_input",
         ["input[0]"],
     ),
-]
+    ("a boolean among floats", _raw_with("true"), 400, "invalid_input", ["input[1]", "bool"]),
+    (
+        "false among floats, normalize true",
+        {"json": {"stitch": STITCH, "input": [[0.01] * 384, [0.01] * 383 + [False]],
+                  "normalize": True}},
+        400,
+        "invalid_input",
+        ["input[1]", "bool"],
+    ),
+    (
+        "a boolean among floats, an escape in the stitch id",
+        _json('{"stitch": "minilm-to-mpn\\u0065t", "input": [[' + "0.01," * 383 + "true]]}"),
+        400,
+        "invalid_input",
+        ["input[0]", "bool"],
+    ),
+    (
+        "UTF-16 body",
+        {"content": '{"stitch": "minilm-to-mpnet", "input": [[0.1]]}'.encode("utf-16"),
+         "headers": {"content-type": "application/json"}},
+        400,
+        "invalid_json",
+        ["JSON"],
+    ),
+    (
+        "a megabyte stitch id",
+        {"json": {"stitch": "s" * 1_000_000, "input": _vectors()}},
+        404,
+        "stitch_not_found",
+        ["characters)"],
+    ),
+]  # fmt: skip
 
 
 def _good(client: TestClient, queries: Any) -> None:
@@ -216,8 +247,23 @@ def test_bad_translate_request(
     words: list[str],
 ) -> None:
     r = client.post("/v1/translate", **kwargs)
-    _check_envelope(r, status, code, words)
+    error = _check_envelope(r, status, code, words)
+    assert len(error["message"]) < 1000
     _good(client, queries)
+
+
+def test_booleans_in_strings_or_options_are_not_mistaken_for_input(
+    client: TestClient, queries: Any
+) -> None:
+    """`true` in options or ids triggers only the exact scan, which finds nothing."""
+    x = queries["minilm"][:3].tolist()
+    r = client.post(
+        "/v1/translate",
+        json={"stitch": STITCH, "input": x, "normalize": True, "strict": False},
+    )
+    assert r.status_code == 200, r.text
+    plain = client.post("/v1/translate", json={"stitch": STITCH, "input": x, "normalize": True})
+    assert r.json()["data"] == plain.json()["data"]
 
 
 def test_ragged_batch_names_the_row_and_both_dimensions(client: TestClient, queries: Any) -> None:

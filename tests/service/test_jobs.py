@@ -263,6 +263,20 @@ def test_idempotency_key(jobs: TestClient, scifact_small: Any) -> None:
     listed = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
     assert sum(j["id"] == first.json()["id"] for j in listed) == 1
 
+    # NaN used to be stored as null, so a NaN body replayed a null body's job.
+    with_null = tiny_body(scifact_small, options={"alpha": None})
+    null_job = jobs.post("/v1/jobs", json=with_null, headers={"Idempotency-Key": "retry-3"})
+    assert null_job.status_code == 202, null_job.text
+    with_nan = json.dumps(tiny_body(scifact_small, options={"alpha": math.nan}))
+    nan_job = jobs.post(
+        "/v1/jobs",
+        content=with_nan,
+        headers={"Idempotency-Key": "retry-3", "content-type": "application/json"},
+    )
+    assert nan_job.status_code == 422, nan_job.text
+    assert nan_job.json()["error"]["code"] == "non_finite_input"
+    assert nan_job.json()["error"]["param"] == "options.alpha"
+
 
 def test_list_jobs_pages_newest_first(jobs: TestClient, scifact_small: Any) -> None:
     ids = [jobs.post("/v1/jobs", json=tiny_body(scifact_small)).json()["id"] for _ in range(3)]
@@ -316,7 +330,21 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     ("bad stitch id", lambda sf: tiny_body(sf, stitch_id="../escape"), 422, "validation_error"),
     ("bad hub repo", lambda sf: tiny_body(sf, push_to_hub="no repo"), 422, "validation_error"),
     ("unknown field", lambda sf: tiny_body(sf, epochs=3), 422, "validation_error"),
+    ("NaN option", lambda sf: tiny_body(sf, options={"alpha": math.nan}), 422,
+     "non_finite_input"),
+    ("Infinity in a nested option", lambda sf: tiny_body(sf, options={"alphas": [1.0, math.inf]}),
+     422, "non_finite_input"),
+    ("NaN holdout", lambda sf: tiny_body(sf, holdout_fraction=math.nan), 422,
+     "non_finite_input"),
+    ("a boolean among floats", lambda sf: {**tiny_body(sf), "source": _with_bool(sf)}, 400,
+     "invalid_input"),
 ]  # fmt: skip
+
+
+def _with_bool(sf: Any) -> list[list[Any]]:
+    rows: list[list[Any]] = sf.corpus["minilm"][:16].tolist()
+    rows[3][7] = True
+    return rows
 
 
 def _models() -> dict[str, str]:
@@ -367,10 +395,17 @@ def test_more_bad_job_requests_then_good_ones(
         (jobs.post("/v1/jobs/job_missing/cancel"), 404, "job_not_found"),
         (jobs.post("/v1/jobs", json=tiny_body(scifact_small), headers={"Idempotency-Key": ""}),
          422, "validation_error"),
+        (jobs.post("/v1/jobs", content=json.dumps(tiny_body(scifact_small)),
+                   headers={"content-type": "text/plain"}), 415, "unsupported_media_type"),
+        (jobs.post("/v1/jobs", data={"source_model": "a"}), 415, "unsupported_media_type"),
+        (jobs.post("/v1/jobs", content=json.dumps(tiny_body(scifact_small))), 415,
+         "unsupported_media_type"),
+        (jobs.get("/v1/jobs/" + "j" * 50_000), 404, "job_not_found"),
     ]  # fmt: skip
     for r, status, code in cases:
-        assert r.status_code == status, r.text
+        assert r.status_code == status, r.text[:1000]
         assert r.json()["error"]["code"] == code
+        assert len(r.json()["error"]["message"]) < 1000
         good = jobs.post("/v1/jobs", json=tiny_body(scifact_small))
         assert good.status_code == 202, good.text
         assert jobs.get(f"/v1/jobs/{good.json()['id']}").status_code == 200

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from typing import Any
 
@@ -60,3 +62,141 @@ def test_over_the_concurrency_limit_is_429(
     assert second.json()["error"]["code"] == "overloaded"
     assert third.status_code == 200, third.text
     assert app.state.limiter.in_flight == 0
+
+
+def _scope(path: str, content_type: bytes, content_length: int) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", content_type), (b"content-length", b"%d" % content_length)],
+        "client": ("127.0.0.1", 5000),
+        "server": ("lead", 80),
+    }
+
+
+async def _raw_request(
+    app: Any, path: str, first_chunk: bytes, *, then: str, content_type: bytes = b"application/json"
+) -> tuple[int, bytes]:
+    """Send ``first_chunk`` of a body promising more, then stall (``then="stall"``) or
+    disconnect (``then="disconnect"``); the app's status and body."""
+    pending = [{"type": "http.request", "body": first_chunk, "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        if then == "disconnect":
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # a client that never sends the rest
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(_scope(path, content_type, 10 * len(first_chunk) + 100), receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def _requests_total(app: Any, route: str, status: str) -> float:
+    value = app.state.metrics.registry.get_sample_value(
+        "lead_http_requests_total", {"route": route, "method": "POST", "status": status}
+    )
+    return float(value or 0.0)
+
+
+def test_stalled_bodies_hold_no_slot_and_time_out_with_408(fitted: Any, queries: Any) -> None:
+    settings = Settings(
+        stitches=[str(fitted.folder("minilm-to-mpnet"))],
+        device="cpu",
+        load_in_background=False,
+        max_concurrent_requests=1,
+        body_timeout_seconds=0.5,
+    )
+    app = create_app(settings)
+    body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:2])}
+    partial = b'{"stitch": "minilm-to-mpnet", "input": [['
+
+    async def main() -> tuple[list[tuple[int, bytes]], list[int]]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                stalled = [
+                    asyncio.create_task(_raw_request(app, "/v1/translate", partial, then="stall"))
+                    for _ in range(3)
+                ]
+                upload = _raw_request(
+                    app, "/v1/datasets", b"\0" * 10, then="stall",
+                    content_type=b"application/octet-stream",
+                )  # fmt: skip
+                stalled.append(asyncio.create_task(upload))
+                await asyncio.sleep(0.1)
+                during = (await http.post("/v1/translate", json=body)).status_code
+                results = [await task for task in stalled]
+                after = (await http.post("/v1/translate", json=body)).status_code
+                return results, [during, after]
+
+    results, good = asyncio.run(main())
+    assert good == [200, 200]  # the stalled clients never held the only slot
+    for status, content in results:
+        assert status == 408, content
+        error = json.loads(content)["error"]
+        assert (error["code"], error["param"]) == ("request_timeout", "body")
+        assert "0.5 seconds" in error["message"]
+    assert app.state.limiter.in_flight == 0
+    assert _requests_total(app, "/v1/translate", "408") == 3
+    assert _requests_total(app, "/v1/datasets", "408") == 1
+
+
+def test_a_client_that_disconnects_is_no_server_error(
+    fitted: Any, queries: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(
+        stitches=[str(fitted.folder("minilm-to-mpnet"))], device="cpu", load_in_background=False
+    )
+    app = create_app(settings)
+    body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:2])}
+
+    async def main() -> tuple[list[int], int]:
+        async with app.router.lifespan_context(app):
+            gone = [
+                (await _raw_request(app, path, first, then="disconnect", content_type=ctype))[0]
+                for path, first, ctype in (
+                    ("/v1/translate", b'{"input": [[0.1,', b"application/json"),
+                    ("/v1/jobs", b'{"source": [[0.1,', b"application/json"),
+                    ("/v1/datasets", b"\0" * 10, b"application/octet-stream"),
+                )
+            ]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                return gone, (await http.post("/v1/translate", json=body)).status_code
+
+    with caplog.at_level(logging.INFO):
+        gone, good = asyncio.run(main())
+    assert gone == [499, 499, 499]
+    assert good == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    for route in ("/v1/translate", "/v1/jobs", "/v1/datasets"):
+        assert _requests_total(app, route, "499") == 1, route
+        assert _requests_total(app, route, "500") == 0, route
+
+
+def test_413_on_content_length_is_counted_under_its_route(make_client: Any, queries: Any) -> None:
+    client = make_client(max_body_bytes=1000)
+    body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:2])}
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == 413, r.text
+    metrics = client.get("/metrics").text
+    assert 'method="POST",route="/v1/translate",status="413"' in metrics
+    assert 'route="unmatched"' not in metrics
+    assert client.get("/nope").status_code == 404
+    assert 'route="unmatched",status="404"' in client.get("/metrics").text
+    good = make_client()
+    assert good.post("/v1/translate", json=body).status_code == 200

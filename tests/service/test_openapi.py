@@ -52,4 +52,15 @@ def test_openapi_documents_the_api() -> None:
             "$ref": "#/components/schemas/ErrorEnvelope"
         }
     assert "HTTPValidationError" not in components
+    # every JSON-body route refuses other content types (service.deps.require_json)
+    json_bodies = [
+        (path, method)
+        for path, item in paths.items()
+        for method, op in item.items()
+        if "application/json" in op.get("requestBody", {}).get("content", {})
+    ]
+    assert {p for p, _ in json_bodies} == {"/v1/translate", "/v1/jobs", "/v1/align"}
+    for path, method in json_bodies:
+        assert {"408", "415"} <= set(paths[path][method]["responses"]), path
+    assert not {"/docs", "/redoc", "/openapi.json"} & set(paths)
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

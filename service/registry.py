@@ -17,6 +17,7 @@ from lead.errors import (
     ConflictError,
     InvalidInputError,
     NotReadyError,
+    ShapeMismatchError,
     StitchFormatError,
     StitchNotFoundError,
 )
@@ -135,6 +136,27 @@ class StitchRegistry:
         return entry
 
     # -- lookup ----------------------------------------------------------------------------
+    def check_model_dims(self, dims: dict[str, tuple[str, int]]) -> None:
+        """Refuse a model dimension that disagrees with a served stitch.
+
+        ``dims`` maps a request field (``"source_model"``) to ``(model id, dimension)``.
+
+        Raises
+        ------
+        ShapeMismatchError
+            Naming the field, the model, both dimensions and a stitch that serves it.
+        """
+        with self._lock:
+            for param, (model, dim) in dims.items():
+                known = self._model_dims.get(model)
+                if known is not None and known != dim:
+                    raise ShapeMismatchError(
+                        f"{param} {echo(model)} has dimension {known} in the served stitches, "
+                        f"but the training vectors have dimension {dim}",
+                        expected=known,
+                        got=dim,
+                        param=param,
+                    )
 
     def __contains__(self, stitch_id: object) -> bool:
         with self._lock:
@@ -188,8 +210,10 @@ class StitchRegistry:
     def route(self, source_model: str, target_model: str, *, strict: bool = False) -> Route:
         """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.
 
-        Breadth-first search over the model graph (an edge per stitch; ties broken by stitch
-        id), so a chain has the fewest stitches possible.
+        Breadth-first search over the model graph (an edge per stitch), so a chain has the
+        fewest stitches possible. Ties go to configured stitches (bundled, local folders, Hub)
+        before those trained by jobs, then by stitch id: training a job never silently takes
+        over requests that name models; a job's stitch is addressed by its id.
 
         Raises
         ------
@@ -205,7 +229,7 @@ class StitchRegistry:
                 f"source_model and target_model are both {echo(source_model)}", param="target_model"
             )
         with self._lock:
-            entries = [self._entries[k] for k in sorted(self._entries)]
+            entries = sorted(self._entries.values(), key=lambda e: (e.origin == "job", e.id))
             still_loading = bool(self._pending)
         path = shortest_chain(entries, source_model, target_model)
         if path is None:

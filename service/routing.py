@@ -127,10 +127,10 @@ def shortest_chain(
 ) -> list[StitchEntry] | None:
     """The fewest stitches leading from model ``source`` to ``target`` (None if none).
 
-    ``entries`` must be sorted by id: ties are broken by the first stitch found.
+    ``entries`` must be sorted by preference: ties go to the first stitch found.
     """
     outgoing: dict[str, list[StitchEntry]] = {}
-    for entry in entries:  # sorted by id: deterministic tie-breaking
+    for entry in entries:  # sorted by preference: deterministic tie-breaking
         outgoing.setdefault(entry.source_model, []).append(entry)
     previous: dict[str, StitchEntry | None] = {source: None}
     queue = deque([source])

@@ -215,6 +215,9 @@ class JobManager:
             Bad inline vectors, or too few pairs for the hold-out split.
         ConflictError
             If ``stitch_id`` is served, saved or produced by another job.
+        ShapeMismatchError
+            If a model's dimension disagrees with the served stitches (the stitch could not
+            be registered).
         """
         from lead.splits import holdout_split
 
@@ -229,12 +232,21 @@ class JobManager:
         if body.dataset is not None:
             dataset = self.store.get_dataset(body.dataset)
             pairs, data_path = int(dataset.info["pairs"]), dataset.path
+            d_src, d_tgt = int(dataset.info["source_dim"]), int(dataset.info["target_dim"])
         else:
             assert body.source is not None and body.target is not None
             inline = self._inline_pairs(body)
             pairs, data_path = (
                 inline[0].shape[0],
                 self.layout.relative(self.layout.job_file(job_id)),
+            )
+            d_src, d_tgt = inline[0].shape[1], inline[1].shape[1]
+        if self.registry is not None:  # a stitch that could never be registered: refuse now
+            self.registry.check_model_dims(
+                {
+                    "source_model": (body.source_model, d_src),
+                    "target_model": (body.target_model, d_tgt),
+                }
             )
         holdout_split(pairs, body.holdout_fraction, body.seed)  # enough pairs on both sides?
         stitch_id = (

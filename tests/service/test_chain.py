@@ -72,3 +72,23 @@ def test_no_route_backwards(make_client: Any, fitted: Any, queries: Any) -> None
     )
     assert r.status_code == 404, r.text
     assert "no stitch or chain" in r.json()["error"]["message"]
+
+
+def test_configured_stitch_beats_a_job_stitch_for_the_same_models(
+    make_client: Any, fitted: Any, queries: Any
+) -> None:
+    from lead.artifacts import load_stitch
+
+    client = make_client(["minilm-to-mpnet"])
+    registry = client.app.state.registry
+    # a job-trained stitch for the same two models whose id sorts first
+    registry.register("all-minilm-to-mpnet-job", load_stitch(fitted.folder("minilm-to-mpnet-raw")))
+    r = client.post("/v1/translate", json=_by_models(fitted, queries["minilm"][:3]))
+    assert r.status_code == 200, r.text
+    assert r.json()["stitch"]["id"] == "minilm-to-mpnet"
+    r = client.post(
+        "/v1/translate",
+        json={"stitch": "all-minilm-to-mpnet-job", "input": b64(queries["minilm"][:3])},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["stitch"]["id"] == "all-minilm-to-mpnet-job"

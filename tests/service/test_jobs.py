@@ -401,6 +401,9 @@ def test_more_bad_job_requests_then_good_ones(
         (jobs.post("/v1/jobs", content=json.dumps(tiny_body(scifact_small))), 415,
          "unsupported_media_type"),
         (jobs.get("/v1/jobs/" + "j" * 50_000), 404, "job_not_found"),
+        # pml3 vectors (384) named as mpnet, which the served stitches give 768 dimensions
+        (jobs.post("/v1/jobs", json=tiny_body(scifact_small, target_model=MPNET)), 422,
+         "shape_mismatch"),
     ]  # fmt: skip
     for r, status, code in cases:
         assert r.status_code == status, r.text[:1000]

@@ -1,0 +1,311 @@
+"""Translate throughput and latency: in-process stitch forward against the HTTP service.
+
+In-process is the raw ``stitch(x)`` (a float32 matrix product, centring and L2
+normalisation) under ``torch.inference_mode()``: the limit of this machine. HTTP is a real
+uvicorn process on loopback, driven by ``concurrency`` httpx clients that each send the same
+pre-serialised request body back to back; the clients read every response body but do not
+parse it in the timed loop (the first, untimed response of each configuration is parsed and
+compared with the in-process output). Clients and server share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import torch
+
+from bench.common import TMP, log, percentile_ms, time_calls
+from bench.data import MODEL_IDS, load_scifact
+from bench.server import BenchServer
+
+#: Bench stitch id → (source model key, target model key). Ridge fits on all shared docs.
+BENCH_STITCHES = {"pml3-to-minilm": ("pml3", "minilm"), "minilm-to-mpnet": ("minilm", "mpnet")}
+HEADERS = {"content-type": "application/json"}
+
+
+def make_bench_stitches() -> dict[str, Path]:
+    """Fit (ridge) and save the bench stitches under ``bench/results/tmp/stitches``."""
+    from lead.artifacts import save_stitch
+    from lead.fitting import fit_stitch
+    from lead.stitches import StitchInfo
+
+    scifact = load_scifact()
+    folders = {}
+    for stitch_id, (src, tgt) in BENCH_STITCHES.items():
+        folder = TMP / "stitches" / stitch_id
+        if not (folder / "config.json").exists():
+            X, Y, _ = scifact.pair(src, tgt)
+            info = StitchInfo(source_model=MODEL_IDS[src], target_model=MODEL_IDS[tgt])
+            save_stitch(fit_stitch(X, Y, "ridge", info=info), folder)
+        folders[stitch_id] = folder
+    return folders
+
+
+def source_batch(stitch_id: str, batch: int) -> np.ndarray:
+    """``batch`` real source-model vectors (tiled when the corpus is smaller), float32."""
+    src = BENCH_STITCHES[stitch_id][0]
+    corpus = load_scifact().corpus[src]
+    rows = np.arange(batch) % corpus.shape[0]
+    return np.ascontiguousarray(corpus[rows], dtype=np.float32)
+
+
+def encode_body(stitch_id: str, x: np.ndarray, encoding: str) -> bytes:
+    """A translate request body as a client would send it (floats via ``tolist()``)."""
+    if encoding == "float":
+        items: list[Any] = x.tolist()
+    else:
+        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in x.astype("<f4")]
+    return orjson.dumps({"stitch": stitch_id, "input": items, "encoding_format": encoding})
+
+
+def decode_response(content: bytes, encoding: str) -> np.ndarray:
+    data = orjson.loads(content)["data"]
+    if encoding == "float":
+        return np.asarray([d["embedding"] for d in data], dtype=np.float32)
+    return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in data])
+
+
+@dataclass
+class Load:
+    """What the clients did in one timed run."""
+
+    latencies: list[float]
+    wall: float
+    requests: int
+
+
+async def drive(
+    url: str, body: bytes, *, concurrency: int, min_time: float, min_requests: int
+) -> Load:
+    """``concurrency`` clients post ``body`` back to back for ``min_time`` s (and
+    ``min_requests`` requests); every response must be 200 and is read in full."""
+    latencies: list[float] = []
+    claimed = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        stop = time.perf_counter() + min_time
+
+        async def worker() -> None:
+            nonlocal claimed
+            while claimed < min_requests or time.perf_counter() < stop:
+                claimed += 1
+                start = time.perf_counter()
+                response = await client.post("/v1/translate", content=body, headers=HEADERS)
+                _ = response.content
+                latencies.append(time.perf_counter() - start)
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return Load(latencies, wall, len(latencies))
+
+
+def in_process(stitch: torch.nn.Module, x: np.ndarray, min_time: float) -> dict[str, Any]:
+    """``stitch(x)`` timed with torch's default thread count and with one thread; the faster
+    is the in-process figure (the limit), both are kept."""
+    tensor = torch.from_numpy(x)
+    default = torch.get_num_threads()
+    by_threads: dict[str, dict[str, Any]] = {}
+    try:
+        for threads in sorted({default, 1}, reverse=True):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                for _ in range(3):
+                    stitch(tensor)
+                latencies = time_calls(lambda: stitch(tensor), min_time=min_time, min_calls=5)
+            by_threads[str(threads)] = {
+                "vectors_per_s": x.shape[0] * len(latencies) / sum(latencies),
+                "p50_ms": percentile_ms(latencies, 50),
+                "p99_ms": percentile_ms(latencies, 99),
+                "calls": len(latencies),
+            }
+    finally:
+        torch.set_num_threads(default)
+    threads, best = max(by_threads.items(), key=lambda kv: kv[1]["vectors_per_s"])
+    return {**best, "threads": int(threads), "by_threads": by_threads}
+
+
+def over_http(
+    server: BenchServer,
+    stitch_id: str,
+    x: np.ndarray,
+    expected: np.ndarray,
+    encoding: str,
+    *,
+    concurrency: int,
+    min_time: float,
+) -> dict[str, Any]:
+    body = encode_body(stitch_id, x, encoding)
+    # untimed warm-up request, whose answer is checked against the in-process output
+    response = httpx.post(f"{server.url}/v1/translate", content=body, headers=HEADERS, timeout=600)
+    if response.status_code != 200:
+        raise RuntimeError(f"{stitch_id} {encoding} b={len(x)}: {response.text[:500]}")
+    got = decode_response(response.content, encoding)
+    max_abs_diff = float(np.abs(got - expected).max())
+    cpu_server, cpu_client = server.cpu_seconds(), time.process_time()
+    load = asyncio.run(
+        drive(
+            server.url,
+            body,
+            concurrency=concurrency,
+            min_time=min_time,
+            min_requests=concurrency,
+        )
+    )
+    cpu_server, cpu_client = server.cpu_seconds() - cpu_server, time.process_time() - cpu_client
+    return {
+        "vectors_per_s": x.shape[0] * load.requests / load.wall,
+        "requests_per_s": load.requests / load.wall,
+        "p50_ms": percentile_ms(load.latencies, 50),
+        "p99_ms": percentile_ms(load.latencies, 99),
+        "requests": load.requests,
+        "wall_s": load.wall,
+        "request_bytes": len(body),
+        "response_bytes": len(response.content),
+        "server_cpu_ms_per_request": 1000 * cpu_server / load.requests,
+        "client_cpu_ms_per_request": 1000 * cpu_client / load.requests,
+        "max_abs_diff_vs_in_process": max_abs_diff,
+    }
+
+
+def run(
+    *,
+    batches: tuple[int, ...],
+    encodings: tuple[str, ...] = ("float", "base64"),
+    concurrency: int = 4,
+    in_process_time: float,
+    http_time: float,
+    acceptance_rounds_n: int = 3,
+) -> dict[str, Any]:
+    """Every (stitch, batch, encoding) in-process and over HTTP, in the same run; then
+    ``acceptance_rounds_n`` alternating rounds of the acceptance configuration."""
+    from lead.artifacts import load_stitch
+
+    folders = make_bench_stitches()
+    rows: list[dict[str, Any]] = []
+    with BenchServer(list(folders.values()), max_vectors=max(max(batches), 8192)) as server:
+        for stitch_id, folder in folders.items():
+            stitch = load_stitch(folder, device="cpu", dtype=torch.float32)
+            for batch in batches:
+                x = source_batch(stitch_id, batch)
+                with torch.inference_mode():
+                    expected = stitch(torch.from_numpy(x)).numpy()
+                local = in_process(stitch, x, in_process_time)
+                log(f"{stitch_id} b={batch} in-process {local['vectors_per_s']:,.0f} vec/s")
+                for encoding in encodings:
+                    http = over_http(
+                        server,
+                        stitch_id,
+                        x,
+                        expected,
+                        encoding,
+                        concurrency=concurrency,
+                        min_time=http_time,
+                    )
+                    fraction = http["vectors_per_s"] / local["vectors_per_s"]
+                    log(
+                        f"{stitch_id} b={batch} http/{encoding} {http['vectors_per_s']:,.0f} "
+                        f"vec/s p50 {http['p50_ms']:.1f} ms = {fraction:.3f} of in-process"
+                    )
+                    rows.append(
+                        {
+                            "stitch": stitch_id,
+                            "d_src": stitch.d_src,
+                            "d_tgt": stitch.d_tgt,
+                            "batch": batch,
+                            "encoding": encoding,
+                            "in_process": local,
+                            "http": http,
+                            "fraction_of_in_process": fraction,
+                        }
+                    )
+        check = acceptance_rounds(
+            server,
+            folders,
+            rounds=acceptance_rounds_n,
+            in_process_time=in_process_time,
+            http_time=http_time,
+            concurrency=concurrency,
+        )
+    return {
+        "concurrency": concurrency,
+        "acceptance_rounds": check,
+        "in_process_min_time_s": in_process_time,
+        "http_min_time_s": http_time,
+        "stitches": {k: {"source": v[0], "target": v[1]} for k, v in BENCH_STITCHES.items()},
+        "rows": rows,
+    }
+
+
+def acceptance_rounds(
+    server: BenchServer,
+    folders: dict[str, Path],
+    *,
+    rounds: int,
+    in_process_time: float,
+    http_time: float,
+    concurrency: int,
+    batch: int = 1024,
+) -> dict[str, Any]:
+    """The acceptance configuration (base64, batch 1024) measured in ``rounds`` alternating
+    in-process / HTTP rounds per stitch; the median fraction resists a passing burst of
+    other work on the machine better than one sweep measurement."""
+    from lead.artifacts import load_stitch
+
+    out: dict[str, Any] = {}
+    for stitch_id, folder in folders.items():
+        stitch = load_stitch(folder, device="cpu", dtype=torch.float32)
+        x = source_batch(stitch_id, batch)
+        with torch.inference_mode():
+            expected = stitch(torch.from_numpy(x)).numpy()
+        fractions, local_vps, http_vps = [], [], []
+        for _ in range(rounds):
+            local = in_process(stitch, x, in_process_time)
+            http = over_http(
+                server,
+                stitch_id,
+                x,
+                expected,
+                "base64",
+                concurrency=concurrency,
+                min_time=http_time,
+            )
+            local_vps.append(local["vectors_per_s"])
+            http_vps.append(http["vectors_per_s"])
+            fractions.append(http["vectors_per_s"] / local["vectors_per_s"])
+        out[stitch_id] = {
+            "fractions": fractions,
+            "median_fraction": float(np.median(fractions)),
+            "in_process_vectors_per_s": local_vps,
+            "http_vectors_per_s": http_vps,
+        }
+        log(f"acceptance {stitch_id} b={batch} base64: fractions {np.round(fractions, 3)}")
+    return out
+
+
+def acceptance(result: dict[str, Any], batch: int = 1024) -> dict[str, Any]:
+    """The base64 batch-1024 HTTP fraction of in-process per stitch (median of the
+    acceptance rounds when there are any, else the sweep's figure) and the worst."""
+    rounds = result.get("acceptance_rounds") or {}
+    fractions = {stitch: r["median_fraction"] for stitch, r in rounds.items()} or {
+        row["stitch"]: row["fraction_of_in_process"]
+        for row in result["rows"]
+        if row["batch"] == batch and row["encoding"] == "base64"
+    }
+    worst = min(fractions.values()) if fractions else None
+    return {
+        "per_stitch": fractions,
+        "worst": worst,
+        "passes": worst is not None and worst >= 0.30,
+        "source": "median of alternating rounds" if rounds else "sweep",
+    }

@@ -1,0 +1,55 @@
+"""The bench stays importable and its command line parses (no benchmark runs here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # bench/ is a folder of scripts, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from bench.__main__ import FULL, QUICK, SECTIONS, parse_args  # noqa: E402
+from bench.pyspy_profile import fold  # noqa: E402
+
+
+def test_parse_args_defaults_to_every_section() -> None:
+    args = parse_args([])
+    assert args.sections == list(SECTIONS)
+    assert not args.quick
+
+
+def test_parse_args_quick_and_only() -> None:
+    args = parse_args(["--quick", "--only", "throughput,report"])
+    assert args.quick
+    assert args.sections == ["throughput", "report"]
+
+
+def test_parse_args_rejects_unknown_section() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nonsense"])
+
+
+def test_quick_is_smaller_than_full() -> None:
+    assert max(QUICK["batches"]) < max(FULL["batches"])
+    assert QUICK["reembed_docs"] < FULL["reembed_docs"] >= 200
+    assert set(FULL["batches"]) == {1, 32, 1024, 8192}
+
+
+def test_fold_splits_idle_from_busy_samples() -> None:
+    raw = "\n".join(
+        [
+            "main (a.py:1);_translate (service/routes/translate.py:9);"
+            "encode_vectors (service/encoding.py:3) 6",
+            "main (a.py:1);_worker (concurrent/futures/thread.py:4) 4",
+            "main (a.py:1);Route.translate (service/routing.py:5) 2",
+        ]
+    )
+    folded = fold(raw)
+    assert folded["samples"] == 8
+    assert folded["idle_samples_excluded"] == 4
+    stages = {s["function"]: s["share"] for s in folded["stages"]}
+    assert stages["output encoding (encode_vectors)"] == pytest.approx(0.75)
+    assert stages["stitch forward + output finiteness (torch)"] == pytest.approx(0.25)

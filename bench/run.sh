@@ -12,16 +12,7 @@ if [ ! -d "$SHARED/scifact/embeddings" ]; then
   echo "bench: the real data is missing at $SHARED (clone ../shared beside the repo)" >&2
   exit 1
 fi
-if [ ! -x .venv/bin/python ]; then
-  echo "bench: creating .venv" >&2
-  python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e ".[test,bench]"
-fi
-if ! .venv/bin/python -c "import matplotlib, uvicorn" 2>/dev/null; then
-  .venv/bin/pip install -q -e ".[test,bench]"
-fi
+bash scripts/setup.sh "test,bench"   # the project's .venv, as the README's commands make it
 if [ ! -x .venv-embed/bin/python ] || [ ! -f .embed-models/all-mpnet-base-v2/model.safetensors ]; then
   echo "bench: installing the offline embedding models (.venv-embed, .embed-models)" >&2
   bash "$SHARED/tools/setup_offline_models.sh" .venv-embed .embed-models

@@ -11,7 +11,8 @@ fit(s), and its rise over the RSS just before.
 
 Pairs are minilm → mpnet (384 → 768): the SciFact documents both models have (2,560), then
 the STS-B sentences (12,935), all real; beyond those 15,495 the set reuses real pairs with
-small Gaussian noise (σ = 0.1 / √d per coordinate, rows re-normalised).
+small Gaussian noise (σ = 0.1 / √d per coordinate, rows re-normalised). Every fit runs with
+one torch / OpenMP thread (see :data:`THREADS`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -33,6 +35,9 @@ from bench.data import REPO, load_scifact, load_stsb
 
 SOURCE, TARGET = "minilm", "mpnet"
 NOISE = 0.1
+#: torch / OpenMP threads of every fit: on 2 shared cores, two OpenMP threads slow down 5-20x
+#: whenever another process takes a core, so one thread gives comparable figures.
+THREADS = 1
 
 
 def pairs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
@@ -77,7 +82,11 @@ def _reset_peak() -> bool:
 
 
 def worker(method: str, n: int, options: dict[str, Any], repeats: int) -> dict[str, Any]:
+    import torch
+
     from lead.fitting import fit_stitch
+
+    torch.set_num_threads(THREADS)
 
     X, Y, noisy = pairs(n)
     fit_stitch(X[:200], Y[:200], method, **options)  # warm-up, untimed
@@ -129,7 +138,10 @@ def run(
                 json.dumps(options),
             ]
             start = time.perf_counter()
-            out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+            env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+            out = subprocess.run(
+                cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False
+            )
             if out.returncode != 0:
                 raise RuntimeError(f"fitcost worker {method} {n} failed:\n{out.stderr[-3000:]}")
             row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -145,6 +157,7 @@ def run(
         "d_src": 384,
         "d_tgt": 768,
         "real_pairs_available": 2560 + 12935,
+        "torch_threads": THREADS,
         "noise_sigma_times_sqrt_d": NOISE,
         "rows": rows,
     }

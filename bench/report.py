@@ -292,7 +292,8 @@ def _pyspy(p: Any) -> list[str]:
         return [f"py-spy failed: `{p['error'][-300:]}`", ""]
     lines = [
         f"py-spy sampled the uvicorn process at 200 Hz for {p['seconds']:.0f} s while "
-        f"{p['concurrency']} clients sent {p['stitch']} batch {p['batch']} {p['encoding']} "
+        f"{p['concurrency']} client{'s' if p['concurrency'] != 1 else ''} sent {p['stitch']} "
+        f"batch {p['batch']} {p['encoding']} "
         f"({_n(p['vectors_per_s'])} vectors/s, {p['requests']} requests during profiling). "
         f"Shares of {p['samples']} busy samples ({p['idle_samples_excluded']} samples of "
         "waiting threads left out); each sample goes to the innermost hot-path stage on its "
@@ -388,7 +389,10 @@ def plot_migration(mig: Any) -> None:
 def fitcost_section(fc: Any) -> list[str]:
     lines = ["## Fitting cost", ""]
     lines.append(
-        f"{fc['source']} → {fc['target']} ({fc['d_src']} → {fc['d_tgt']}). Each figure is "
+        f"{fc['source']} → {fc['target']} ({fc['d_src']} → {fc['d_tgt']}), "
+        f"{fc.get('torch_threads', 'default')} torch thread(s) (on 2 shared cores two OpenMP "
+        "threads slow down 5–20× whenever another process takes a core; one thread gives "
+        "comparable figures, at most ~2× slower than two on a quiet machine). Each figure is "
         "a fresh subprocess: one untimed 200-pair warm-up fit of the same method, then the "
         "timed fit (ridge and Procrustes: the fastest of 3, the MLP: once); memory is the peak "
         "resident set during the fit (the kernel's `VmHWM`, reset just before the fit; torch "

@@ -38,7 +38,10 @@ VARIANTS = {
 }
 
 
-def test_queries(data: Path, key: str) -> tuple[np.ndarray, list[str], dict[str, dict[str, int]]]:
+def test_queries(
+    data: Path, keys: tuple[str, ...]
+) -> tuple[list[np.ndarray], list[str], dict[str, dict[str, int]]]:
+    """The 300 test queries embedded by each model of ``keys``, their ids and judgments."""
     sci = data / "scifact"
     ids = json.loads((sci / "ids.json").read_text())
     qrels: dict[str, dict[str, int]] = {}
@@ -46,7 +49,9 @@ def test_queries(data: Path, key: str) -> tuple[np.ndarray, list[str], dict[str,
         q, d, s = line.split("\t")
         qrels.setdefault(q, {})[d] = int(s)
     rows = [i for i, q in enumerate(ids["queries"]) if q in qrels]
-    queries = load_file(sci / "embeddings" / f"{key}.safetensors")["queries"][rows]
+    queries = [
+        load_file(sci / "embeddings" / f"{key}.safetensors")["queries"][rows] for key in keys
+    ]
     return queries, [ids["queries"][i] for i in rows], qrels
 
 
@@ -61,8 +66,7 @@ def main() -> None:
     for stitch_id in args.pairs.split(","):
         src, tgt = STITCHES[stitch_id]
         pairs = scifact_pairs(args.data, src, tgt)
-        q_src, query_ids, qrels = test_queries(args.data, src)
-        q_tgt, _, _ = test_queries(args.data, tgt)
+        (q_src, q_tgt), query_ids, qrels = test_queries(args.data, (src, tgt))
         extra = (
             np.concatenate([pairs["source_queries"], pairs["source_sts"]]),  # type: ignore[list-item]
             np.concatenate([pairs["target_queries"], pairs["target_sts"]]),  # type: ignore[list-item]

@@ -52,8 +52,11 @@ def test_over_the_concurrency_limit_is_429(
                 health = await http.get("/healthz")  # the event loop is not blocked
                 assert health.status_code == 200
                 release.set()
+                # The slot is freed when the first request finishes: wait for it, so the
+                # third request does not race the first one's release.
+                first_response = await first
                 third = await http.post("/v1/translate", json=body)
-                return await first, second, third
+                return first_response, second, third
 
     first, second, third = asyncio.run(main())
     assert first.status_code == 200, first.text

@@ -1,5 +1,9 @@
 """FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiter),
-and :func:`require_json`, the one content-type rule of every route with a JSON body."""
+and :func:`require_json`, the one content-type rule of every route with a JSON body.
+
+All are ``async def``: they do no blocking work, and FastAPI runs a plain ``def``
+dependency in the thread pool, a thread hand-off per dependency per request.
+"""
 
 from __future__ import annotations
 
@@ -26,22 +30,22 @@ __all__ = [
 ]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_limiter(request: Request) -> ConcurrencyLimiter:
+async def get_limiter(request: Request) -> ConcurrencyLimiter:
     limiter: ConcurrencyLimiter = request.app.state.limiter
     return limiter
 
 
-def get_registry(request: Request) -> StitchRegistry:
+async def get_registry(request: Request) -> StitchRegistry:
     """The registry built by the lifespan (503 if the lifespan has not run)."""
     registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
     if registry is None:
@@ -49,7 +53,7 @@ def get_registry(request: Request) -> StitchRegistry:
     return registry
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     """Refuse (415) a request whose ``Content-Type`` is not ``application/json`` (or
     ``application/*+json``); a missing header is refused too.
 

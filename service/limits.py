@@ -1,22 +1,25 @@
 """Request limits: body bytes and body time (a pure ASGI middleware), requests in flight.
 
 The body limit is enforced twice: on ``Content-Length`` before the app runs (413 at once),
-and while the body streams in (a chunked or lying client): the wrapped ``receive`` raises
-:class:`~lead.errors.PayloadTooLargeError` as soon as the running total passes the limit,
-which the error handlers turn into a 413.
+and while the body comes in (a chunked or lying client): 413 as soon as the running total
+passes the limit.
 
-The body time is enforced in the same wrapped ``receive``: a body that has not arrived
-within ``body_timeout_s`` (a slow-loris client, or one whose ``Content-Length`` promises
-more than it sends) raises :class:`~lead.errors.RequestTimeoutError` (408). Paths with
-their own byte limit (dataset uploads, which stream large files) get the timeout per piece
-of the body instead of for the whole body. Once the body is complete, ``receive`` is no
+Requests (except streamed uploads) are read whole before the app runs, in one timed loop:
+a body that has not arrived within ``body_timeout_s`` (a slow-loris client, or one whose
+``Content-Length`` promises more than it sends) gets a 408, and the app then receives the
+body as one message (no per-piece timers, no join in the app: a 2 MB translate body comes
+in dozens of pieces). A client that disconnects first is passed on to the app (499).
+
+Paths with their own byte limit (dataset uploads, which stream large files to disk) are
+not buffered: a wrapped ``receive`` raises :class:`~lead.errors.PayloadTooLargeError` or
+:class:`~lead.errors.RequestTimeoutError` (each piece within ``body_timeout_s``) into the
+app, whose error handlers answer 413 / 408. Once the body is complete, ``receive`` is no
 longer timed (the app may wait on it for a disconnect).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -88,22 +91,58 @@ class BodyLimitMiddleware:
             response = lead_error_response(_too_large(limit, declared), scope)
             await response(scope, receive, send)
             return
+        if per_piece:
+            await self.app(scope, self._streaming_receive(receive, limit), send)
+            return
+        try:
+            messages = await self._read_body(receive, limit)
+        except (PayloadTooLargeError, RequestTimeoutError) as exc:
+            await lead_error_response(exc, scope)(scope, receive, send)
+            return
+
+        async def replay() -> Message:
+            return messages.pop() if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive, limit: int) -> list[Message]:
+        """The whole body as one ``http.request`` message (or the client's disconnect),
+        read within ``body_timeout_s`` and at most ``limit`` bytes."""
+        chunks: list[bytes] = []
+        received = 0
+        try:
+            with anyio.fail_after(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # http.disconnect: the app sees it
+                        return [message]
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > limit:
+                        raise _too_large(limit, received)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise _timed_out(self.body_timeout_s, per_piece=False) from None
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return [{"type": "http.request", "body": body, "more_body": False}]
+
+    def _streaming_receive(self, receive: Receive, limit: int) -> Receive:
+        """``receive`` for a streamed upload: each piece within ``body_timeout_s``, at most
+        ``limit`` bytes in all (raising into the app, whose error handlers answer)."""
         received = 0
         body_done = False
-        deadline: float | None = None
 
         async def limited_receive() -> Message:
-            nonlocal received, body_done, deadline
+            nonlocal received, body_done
             if body_done:
                 return await receive()
-            now = time.monotonic()
-            if per_piece or deadline is None:
-                deadline = now + self.body_timeout_s
             try:
-                with anyio.fail_after(max(deadline - now, 0.0)):
+                with anyio.fail_after(self.body_timeout_s):
                     message = await receive()
             except TimeoutError:
-                raise _timed_out(self.body_timeout_s, per_piece) from None
+                raise _timed_out(self.body_timeout_s, per_piece=True) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
@@ -113,7 +152,7 @@ class BodyLimitMiddleware:
                 body_done = True
             return message
 
-        await self.app(scope, limited_receive, send)
+        return limited_receive
 
 
 class ConcurrencyLimiter:

@@ -12,7 +12,7 @@ from service.jobs.manager import JobManager
 __all__ = ["JobsDep", "get_jobs"]
 
 
-def get_jobs(request: Request) -> JobManager:
+async def get_jobs(request: Request) -> JobManager:
     """The job manager started by the lifespan (503 when jobs are off or not started)."""
     jobs: JobManager | None = getattr(request.app.state, "jobs", None)
     if jobs is None:

@@ -2,8 +2,9 @@
 
 Hot path: the raw body is parsed with orjson (pydantic validates only the small fields),
 decoded into one float32 array, run through the stitch (or chain) in one forward under
-``torch.inference_mode()``, checked for finiteness and serialised with orjson, all in a
-worker thread so that the event loop stays free.
+``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
+are written straight into the JSON text), all in a worker thread so that the event loop
+stays free.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from lead.errors import InvalidInputError, LimitExceededError
 from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, require_json
-from service.encoding import decode_vectors, encode_vectors, reject_bools
+from service.encoding import decode_vectors, reject_bools, render_embeddings
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -151,6 +152,13 @@ def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
     return registry.route(options.source_model, options.target_model, strict=options.strict)
 
 
+async def _read_body(request: Request) -> bytes:
+    """The request body, without a copy when it comes as one piece (the body limit
+    middleware delivers it so; ``Request.body()`` copies it once more)."""
+    chunks = [chunk async for chunk in request.stream() if chunk]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def _translate(
     body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
 ) -> bytes:
@@ -172,25 +180,22 @@ def _translate(
     if isinstance(items[0], list) and _may_hold_bools(body, payload):
         reject_bools(items)
     y = route.translate(x, normalize=options.normalize)
-    encoded = encode_vectors(y, options.encoding_format)
     ids = [entry.id for entry in route.entries]
-    response = {
-        "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": vector}
-            for i, vector in enumerate(encoded)
-        ],
+    rest = {
         "model": route.entries[-1].target_model,
         "stitch": {
             "id": None if route.is_chain else ids[0],
             "chain": ids,
             "models": route.models,
         },
-        "usage": {"vectors": len(encoded)},
+        "usage": {"vectors": len(y)},
     }
+    # {"object": "list", "data": [...], **rest}, with the (large) data array pre-rendered
+    before, after = b'{"object":"list","data":', b"," + orjson.dumps(rest)[1:]
+    content = render_embeddings(y, options.encoding_format, before=before, after=after)
     for stitch_id in ids:
-        metrics.vectors.labels(stitch_id).inc(len(encoded))
-    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+        metrics.vectors.labels(stitch_id).inc(len(y))
+    return content
 
 
 @router.post(
@@ -214,7 +219,7 @@ async def translate(
     """
     # Read the body first: the limiter guards compute, and a slow client must not hold a
     # slot (the body limit middleware times the read out with 408).
-    body = await request.body()
+    body = await _read_body(request)
     async with limiter.slot(settings.retry_after_seconds):
         content = await run_in_threadpool(_translate, body, registry, settings, metrics)
     return Response(content, media_type="application/json")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import orjson
 import pytest
 from service_helpers import b64
 
 from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
-from service.encoding import decode_vectors, encode_vectors
+from service.encoding import decode_vectors, encode_vectors, render_embeddings
 
 
 @pytest.mark.parametrize("d", [384, 383, 1])  # 4·d a multiple of 3 (one call) or not (per row)
@@ -23,6 +24,21 @@ def test_base64_round_trip(d: int) -> None:
     np.testing.assert_array_equal(decode_vectors(encoded, d), x)
     np.testing.assert_array_equal(decode_vectors(x.tolist(), d), x)
     assert [list(map(float, row)) for row in encode_vectors(x, "float")] == x.tolist()
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+@pytest.mark.parametrize(("n", "d"), [(5, 384), (3, 383), (1, 1)])
+def test_rendered_data_is_the_json_of_the_encoded_values(encoding: str, n: int, d: int) -> None:
+    x = np.random.default_rng(n + d).standard_normal((n, d)).astype(np.float32)
+    data = orjson.loads(render_embeddings(x, encoding))  # type: ignore[arg-type]
+    assert [item["index"] for item in data] == list(range(n))
+    assert {key for item in data for key in item} == {"object", "index", "embedding"}
+    assert all(item["object"] == "embedding" for item in data)
+    embeddings = [item["embedding"] for item in data]
+    if encoding == "base64":
+        assert embeddings == b64(x)
+    else:
+        np.testing.assert_array_equal(np.asarray(embeddings, dtype=np.float32), x)
 
 
 @pytest.mark.parametrize("d", [384, 383])

@@ -341,7 +341,7 @@ def test_unexpected_errors_do_not_leak(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret internal detail /etc/passwd")
 
-    monkeypatch.setattr(translate_module, "encode_vectors", broken)
+    monkeypatch.setattr(translate_module, "render_embeddings", broken)
     r = client.post("/v1/translate", json={"stitch": STITCH, "input": b64(queries["minilm"][:1])})
     error = _check_envelope(r, 500, "internal_error", ["request id"])
     assert "secret" not in r.text and "passwd" not in r.text

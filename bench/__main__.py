@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             small = profile.run(batch=1, seconds=3 if args.quick else 4)
             stages = [
                 profile.stage_breakdown(stitch_id, 1024, encoding)
-                for stitch_id in ("pml3-to-minilm", "minilm-to-mpnet")
+                for stitch_id in ("pml3-to-minilm-ridge", "minilm-to-mpnet-ridge")
                 for encoding in ("base64", "float")
             ]
         write_result(

@@ -30,7 +30,7 @@ from bench.server import BenchServer
 from bench.throughput import BENCH_STITCHES, HEADERS, make_bench_stitches
 
 #: target model → bench stitch that translates into it
-TARGETS = {"mpnet": "minilm-to-mpnet", "minilm": "pml3-to-minilm"}
+TARGETS = {"mpnet": "minilm-to-mpnet", "minilm": "pml3-to-minilm-ridge"}
 
 
 async def translate_corpus(

@@ -8,7 +8,6 @@ inclusive time per function and into the stages of the translate hot path.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import subprocess
@@ -34,10 +33,10 @@ STAGES = (
     ("base64 decode of the input", r"^_decode_base64 "),
     ("float JSON input to array", r"^_decode_floats "),
     ("finiteness checks", r"^check_finite "),
-    ("output encoding (encode_vectors)", r"^encode_vectors "),
+    ("output base64 + response JSON (render_embeddings)", r"^(render_embeddings|_base64_rows)"),
     ("request JSON parse (orjson.loads)", r"^_parse_json "),
     ("options validation / routing", r"^(_parse_options|_find_route) "),
-    ("response build + orjson.dumps", r"^_translate(\.<locals>\.<listcomp>)? \(.*translate\.py"),
+    ("rest of the handler (_translate)", r"^_translate(\.<locals>\.<listcomp>)? \(.*translate\.py"),
     ("HTTP protocol (h11 / httptools)", r"\((.*/)?(h11|httptools)[/_]"),
     ("uvicorn / starlette / fastapi", r"\(.*(uvicorn|starlette|fastapi|anyio)/"),
     ("asyncio event loop", r"\(.*asyncio/"),
@@ -125,7 +124,7 @@ def fold(raw: str) -> dict[str, Any]:
 
 def run(
     *,
-    stitch_id: str = "minilm-to-mpnet",
+    stitch_id: str = "minilm-to-mpnet-ridge",
     batch: int = 1024,
     encoding: str = "base64",
     seconds: float = 8.0,
@@ -155,8 +154,8 @@ def run(
         ]
         spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(1.0)
-        load = asyncio.run(
-            drive(server.url, body, concurrency=concurrency, min_time=seconds + 1, min_requests=1)
+        load = drive(
+            server.url, body, concurrency=concurrency, min_time=seconds + 1, min_requests=1
         )
         spy_out, _ = spy.communicate(timeout=120)
     if spy.returncode != 0 or not out.exists():
@@ -181,7 +180,7 @@ def run(
 
 
 def stage_breakdown(
-    stitch_id: str = "minilm-to-mpnet", batch: int = 1024, encoding: str = "base64"
+    stitch_id: str = "minilm-to-mpnet-ridge", batch: int = 1024, encoding: str = "base64"
 ) -> dict[str, Any]:
     """Milliseconds per stage of the translate hot path, run serially in this process with
     the service's own codec (``service.encoding``) and orjson, one request at a time, with
@@ -192,7 +191,7 @@ def stage_breakdown(
 
     from bench.common import time_calls
     from lead.artifacts import load_stitch
-    from service.encoding import decode_vectors, encode_vectors
+    from service.encoding import decode_vectors, render_embeddings
     from service.settings import Settings
 
     stitch = load_stitch(make_bench_stitches()[stitch_id], dtype=torch.float32)
@@ -201,7 +200,6 @@ def stage_breakdown(
     x = decode_vectors(items, stitch.d_src)
     with torch.inference_mode():
         y = stitch(torch.from_numpy(x)).numpy()
-    encoded = encode_vectors(y, encoding)  # type: ignore[arg-type]
 
     def forward() -> None:
         with torch.inference_mode():
@@ -209,16 +207,11 @@ def stage_breakdown(
             bool(torch.isfinite(out).all())
             out.numpy()
 
-    def response() -> bytes:
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(encoded)]
-        return orjson.dumps({"object": "list", "data": data}, option=orjson.OPT_SERIALIZE_NUMPY)
-
     stages = {
         "orjson.loads(body)": lambda: orjson.loads(body),
         "decode_vectors (input → float32 array)": lambda: decode_vectors(items, stitch.d_src),
         "stitch forward + finiteness + numpy": forward,
-        "encode_vectors (array → output values)": lambda: encode_vectors(y, encoding),  # type: ignore[arg-type]
-        "response dict + orjson.dumps": response,
+        "render_embeddings (array → response JSON)": lambda: render_embeddings(y, encoding),  # type: ignore[arg-type]
     }
     out: dict[str, float] = {}
     threads, default = int(Settings.model_fields["torch_threads"].default), torch.get_num_threads()

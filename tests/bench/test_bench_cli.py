@@ -13,6 +13,7 @@ if str(REPO) not in sys.path:  # bench/ is a folder of scripts, not an installed
 
 from bench.__main__ import FULL, QUICK, SECTIONS, parse_args  # noqa: E402
 from bench.pyspy_profile import fold  # noqa: E402
+from bench.throughput import acceptance  # noqa: E402
 
 
 def test_parse_args_defaults_to_every_section() -> None:
@@ -42,7 +43,7 @@ def test_fold_splits_idle_from_busy_samples() -> None:
     raw = "\n".join(
         [
             "main (a.py:1);_translate (service/routes/translate.py:9);"
-            "encode_vectors (service/encoding.py:3) 6",
+            "render_embeddings (service/encoding.py:3) 6",
             "main (a.py:1);_worker (concurrent/futures/thread.py:4) 4",
             "main (a.py:1);Route.translate (service/routing.py:5) 2",
         ]
@@ -51,5 +52,19 @@ def test_fold_splits_idle_from_busy_samples() -> None:
     assert folded["samples"] == 8
     assert folded["idle_samples_excluded"] == 4
     stages = {s["function"]: s["share"] for s in folded["stages"]}
-    assert stages["output encoding (encode_vectors)"] == pytest.approx(0.75)
+    assert stages["output base64 + response JSON (render_embeddings)"] == pytest.approx(0.75)
     assert stages["stitch forward + output finiteness (torch)"] == pytest.approx(0.25)
+
+
+def test_acceptance_judges_the_bundled_stitches_and_reports_ridge_as_the_worst_case() -> None:
+    rounds = {
+        "minilm-to-pml3": {"median_fraction": 0.5},
+        "minilm-to-mpnet": {"median_fraction": 0.45},
+        "pml3-to-minilm-ridge": {"median_fraction": 0.2},
+        "minilm-to-mpnet-ridge": {"median_fraction": 0.31},
+    }
+    acc = acceptance({"acceptance_rounds": rounds, "rows": []})
+    assert acc["worst"] == 0.45 and acc["passes"]
+    assert acc["worst_by_kind"] == {"bundled (MLP)": 0.45, "ridge": 0.2}
+    rounds["minilm-to-mpnet"]["median_fraction"] = 0.29
+    assert not acceptance({"acceptance_rounds": rounds, "rows": []})["passes"]

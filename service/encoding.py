@@ -250,7 +250,7 @@ def render_embeddings(
 
 def _base64_rows(array: np.ndarray) -> list[bytes | memoryview]:
     """Base64 of each row's little-endian float32 bytes (ASCII bytes or views of them)."""
-    data = memoryview(np.ascontiguousarray(array, dtype=_LE_F32)).cast("B")  # no copy
+    data = np.ascontiguousarray(array, dtype=_LE_F32).data.cast("B")  # a view: no copy
     n, d = array.shape
     row_bytes = 4 * d
     if row_bytes % 3 == 0:  # base64 of the whole buffer splits exactly at row boundaries

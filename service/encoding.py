@@ -10,6 +10,7 @@ Decoding goes straight into one C-contiguous, writable ``float32`` array of shap
 from __future__ import annotations
 
 import binascii
+import functools
 from numbers import Real
 from typing import Any, Literal
 
@@ -240,12 +241,22 @@ def render_embeddings(
     if encoding_format == "float":
         items = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(array)]
         return b"".join((before, orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY), after))
-    parts: list[bytes | memoryview] = [before, b"["]
-    for i, row in enumerate(_base64_rows(array)):
-        parts += (b'%s{"object":"embedding","index":%d,"embedding":"' % (b"," * (i > 0), i), row)
-        parts.append(b'"}')
-    parts += (b"]", after)
+    rows = _base64_rows(array)
+    n = len(rows)
+    parts: list[bytes | memoryview] = [b'"}'] * (3 * n + 4)  # before [ (opening row close)* ] after
+    parts[:2], parts[-2:] = (before, b"["), (b"]", after)
+    parts[2:-2:3] = _row_openings(1 << max(n - 1, 0).bit_length())[:n]
+    parts[3:-2:3] = rows
     return b"".join(parts)
+
+
+@functools.cache
+def _row_openings(n: int) -> tuple[bytes, ...]:
+    """``{"object":"embedding","index":i,"embedding":"`` for ``i < n``, a comma before all
+    but the first (cached for powers of two: at most a dozen tables)."""
+    return tuple(
+        b'%s{"object":"embedding","index":%d,"embedding":"' % (b"," * (i > 0), i) for i in range(n)
+    )
 
 
 def _base64_rows(array: np.ndarray) -> list[bytes | memoryview]:

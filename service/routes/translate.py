@@ -1,17 +1,18 @@
 """``POST /v1/translate``: vectors of one model's space into another's.
 
-Hot path: the raw body is parsed with orjson (pydantic validates only the small fields),
-decoded into one float32 array, run through the stitch (or chain) in one forward under
+Hot path, all in a worker thread so that the event loop stays free: the raw body is parsed
+with orjson (pydantic validates only the small fields) and decoded into one float32 array
+(a compact base64 array is cut out of the raw body and decoded in one call, see
+:mod:`service.compact_base64`), run through the stitch (or chain) in one forward under
 ``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
-are written straight into the JSON text), all in a worker thread so that the event loop
-stays free.
-"""
+are written straight into the JSON text)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import numpy as np
 import orjson
 import torch
 from fastapi import APIRouter, Depends, Request
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from lead.errors import InvalidInputError, LimitExceededError
+from service.compact_base64 import decode_compact_base64, split_compact_base64
 from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, require_json
 from service.encoding import decode_vectors, reject_bools, render_embeddings
 from service.observability import Metrics
@@ -152,6 +154,23 @@ def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
     return registry.route(options.source_model, options.target_model, strict=options.strict)
 
 
+def _decode_input(
+    body: bytes, payload: dict[str, Any], items: Any, d_src: int, max_vectors: int
+) -> np.ndarray:
+    """The parsed ``input`` as one float32 array, every problem named."""
+    if isinstance(items, list) and len(items) > max_vectors:
+        raise LimitExceededError(
+            f"too many vectors: {len(items)} in one request; the limit is {max_vectors}",
+            limit=max_vectors,
+            got=len(items),
+            param="input",
+        )
+    x = decode_vectors(items, d_src, check_bools=False)
+    if isinstance(items[0], list) and _may_hold_bools(body, payload):
+        reject_bools(items)
+    return x
+
+
 async def _read_body(request: Request) -> bytes:
     """The request body, without a copy when it comes as one piece (the body limit
     middleware delivers it so; ``Request.body()`` copies it once more)."""
@@ -166,19 +185,17 @@ def _translate(
     if torch.get_num_threads() != settings.torch_threads:
         # OpenMP keeps a thread count per calling thread: set it in this worker too.
         torch.set_num_threads(settings.torch_threads)
-    payload = _parse_json(body)
-    options, items = _parse_options(payload)
-    route = _find_route(registry, options)
-    if isinstance(items, list) and len(items) > settings.max_vectors:
-        raise LimitExceededError(
-            f"too many vectors: {len(items)} in one request; the limit is {settings.max_vectors}",
-            limit=settings.max_vectors,
-            got=len(items),
-            param="input",
-        )
-    x = decode_vectors(items, route.d_src, check_bools=False)
-    if isinstance(items[0], list) and _may_hold_bools(body, payload):
-        reject_bools(items)
+    x = None
+    split = split_compact_base64(body)
+    if split is not None:  # the fields parse without the input array; one decode for it
+        options, _ = _parse_options(split.fields)
+        route = _find_route(registry, options)
+        x = decode_compact_base64(split, route.d_src, settings.max_vectors)
+    if x is None:
+        payload = _parse_json(body)
+        options, items = _parse_options(payload)
+        route = _find_route(registry, options)
+        x = _decode_input(body, payload, items, route.d_src, settings.max_vectors)
     y = route.translate(x, normalize=options.normalize)
     ids = [entry.id for entry in route.entries]
     rest = {

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,11 @@ STAGES = (
         "stitch forward + output finiteness (torch)",
         r"(^Route\.translate |\(lead/stitches\.py\)|\(nn/functional\.py\)|\(torch/)",
     ),
-    ("base64 decode of the input", r"^_decode_base64 "),
+    (
+        "base64 input: compact fast path",
+        r"^(split_compact_base64|decode_compact_base64|CompactBase64Body) ",
+    ),
+    ("base64 decode of the input (full parse)", r"^_decode_base64 "),
     ("float JSON input to array", r"^_decode_floats "),
     ("finiteness checks", r"^check_finite "),
     ("output base64 + response JSON (render_embeddings)", r"^(render_embeddings|_base64_rows)"),
@@ -183,14 +188,16 @@ def stage_breakdown(
     stitch_id: str = "minilm-to-mpnet-ridge", batch: int = 1024, encoding: str = "base64"
 ) -> dict[str, Any]:
     """Milliseconds per stage of the translate hot path, run serially in this process with
-    the service's own codec (``service.encoding``) and orjson, one request at a time, with
-    the service's default torch thread count."""
+    the service's own codec (``service.compact_base64`` for compact base64 bodies, else
+    orjson and ``service.encoding``), one request at a time, with the service's default
+    torch thread count."""
     import numpy as np
     import orjson
     import torch
 
     from bench.common import time_calls
     from lead.artifacts import load_stitch
+    from service.compact_base64 import decode_compact_base64, split_compact_base64
     from service.encoding import decode_vectors, render_embeddings
     from service.settings import Settings
 
@@ -207,9 +214,23 @@ def stage_breakdown(
             bool(torch.isfinite(out).all())
             out.numpy()
 
-    stages = {
-        "orjson.loads(body)": lambda: orjson.loads(body),
-        "decode_vectors (input → float32 array)": lambda: decode_vectors(items, stitch.d_src),
+    split = split_compact_base64(body)
+    stages: dict[str, Callable[[], Any]] = (
+        {
+            "split_compact_base64 (fields parsed, input array found)": lambda: split_compact_base64(
+                body
+            ),
+            "decode_compact_base64 (input → float32 array)": lambda: decode_compact_base64(
+                split, stitch.d_src, batch
+            ),
+        }
+        if split is not None and encoding == "base64"
+        else {
+            "orjson.loads(body)": lambda: orjson.loads(body),
+            "decode_vectors (input → float32 array)": lambda: decode_vectors(items, stitch.d_src),
+        }
+    )
+    stages |= {
         "stitch forward + finiteness + numpy": forward,
         "render_embeddings (array → response JSON)": lambda: render_embeddings(y, encoding),  # type: ignore[arg-type]
     }

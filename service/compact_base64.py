@@ -35,92 +35,100 @@ _LE_F32 = np.dtype("<f4")
 
 @dataclass(frozen=True)
 class CompactBase64Body:
-    """A request body split into its fields and the span of its base64 ``input`` array.
+    """A request body whose ``input`` is a compact array of equally long base64 strings.
 
-    Made by :func:`split_compact_base64` without parsing the (large) array: ``fields`` is
-    the body parsed with ``"input": []``; ``start`` / ``end`` are the offsets of the first
-    item's opening quote and of the array's closing ``]``.
+    ``fields`` is the body parsed with ``"input": []``; ``decoded`` the bytes of all
+    ``n`` items, decoded in one call; ``width`` the length of each item in characters.
     """
 
-    body: bytes
     fields: dict[str, Any]
-    start: int
-    end: int
+    decoded: bytes
+    n: int
+    width: int
 
 
 def split_compact_base64(body: bytes) -> CompactBase64Body | None:
-    """Split a JSON body whose ``input`` is an array of strings, or None.
+    """Split and decode a JSON body whose ``input`` is a compact array of base64 strings.
 
-    None (the caller parses the whole body instead) unless the body has no backslash
-    (so no string holds a quote), ``"input"`` occurs once outside the array, and the body
-    with the array emptied parses to an object whose ``input`` is ``[]``: then the emptied
-    array is the top-level ``input``, and the body is ``fields`` plus that array (if the
-    array's contents are valid, which :func:`decode_compact_base64` checks).
+    Returns None (the caller parses the whole body instead) unless all of these hold:
+
+    - no backslash in the body, so no string holds a quote;
+    - ``"input"`` occurs once outside the array, and the body with the array emptied
+      parses to an object whose ``input`` is ``[]``: so the array is the top-level
+      ``input``;
+    - the array is ``["…","…",…,"…"]`` with no whitespace, every item as long as the first
+      (a multiple of 4 characters), and the items together are valid base64 without
+      padding (:func:`pybase64.b64decode` with ``validate=True``).
+
+    Then the body is valid JSON, equal to ``fields`` plus that array, so errors of the
+    fields (and of the route they name) come in the order of the full parse.
     """
     if b"\\" in body:
         return None
     match = _INPUT_ARRAY.search(body)
     if match is None or body.find(_KEY, 0, match.start()) != -1:
         return None
-    start = match.end() - 1
+    start = match.end() - 1  # the first item's opening quote
     end = body.find(b"]", start)  # base64 has no "]": a string holding one fails below
     if end < 0 or body.find(_KEY, end) != -1:
         return None
-    try:
-        fields = orjson.loads(body[:start] + body[end:])
-    except orjson.JSONDecodeError:
-        return None
-    if type(fields) is not dict or fields.get("input") != []:
-        return None
-    return CompactBase64Body(body, fields, start, end)
-
-
-def decode_compact_base64(
-    split: CompactBase64Body, d_src: int, max_vectors: int
-) -> np.ndarray | None:
-    """The array of :func:`split_compact_base64`'s body as ``(n, d_src)`` float32, or None.
-
-    Decodes without a Python string per vector: the array must be compact
-    (``["…","…",…]``, no whitespace) with every item exactly the unpadded base64 of
-    ``4 * d_src`` bytes (``d_src`` a multiple of 3). Anything else gives None, and the
-    caller decodes the parsed items with :func:`decode_vectors`, which names the culprit.
-
-    Raises
-    ------
-    LimitExceededError
-        More than ``max_vectors`` items.
-    NonFiniteError
-        A vector with NaN or infinity.
-    """
-    n_bytes = 4 * d_src
-    if n_bytes % 3:
-        return None
-    width = n_bytes // 3 * 4
+    width = body.find(b'"', start + 1) - start - 1
     stride = width + 3  # "…",
-    n, rest = divmod(split.end - split.start + 1, stride)
-    if rest or n == 0:
+    n, rest = divmod(end - start + 1, stride)
+    if width <= 0 or width % 4 or rest or n == 0:
         return None
-    if n > max_vectors:
-        raise LimitExceededError(
-            f"too many vectors: {n} in one request; the limit is {max_vectors}",
-            limit=max_vectors,
-            got=n,
-            param="input",
-        )
-    raw = np.frombuffer(split.body, dtype=np.uint8)
+    raw = np.frombuffer(body, dtype=np.uint8)
     items = np.lib.stride_tricks.as_strided(
-        raw[split.start :], shape=(n, width + 2), strides=(stride, 1), writeable=False
+        raw[start:], shape=(n, width + 2), strides=(stride, 1), writeable=False
     )
-    commas = raw[split.start + width + 2 : split.end : stride]
+    commas = raw[start + width + 2 : end : stride]
     if not ((items[:, 0] == _QUOTE).all() and (items[:, -1] == _QUOTE).all()):
         return None
     if not (commas == _COMMA).all():
         return None
     try:
         decoded = pybase64.b64decode(np.ascontiguousarray(items[:, 1:-1]).data, validate=True)
-    except (binascii.Error, ValueError):
+        fields = orjson.loads(body[:start] + body[end:])
+    except (binascii.Error, ValueError):  # orjson.JSONDecodeError is a ValueError
         return None
-    array = np.frombuffer(bytearray(decoded), dtype=_LE_F32).reshape(n, d_src)
+    if len(decoded) != n * width // 4 * 3:  # padding at the end of the last item
+        return None
+    if type(fields) is not dict or fields.get("input") != []:
+        return None
+    return CompactBase64Body(fields, decoded, n, width)
+
+
+def decode_compact_base64(
+    split: CompactBase64Body, d_src: int, max_vectors: int
+) -> np.ndarray | None:
+    """The vectors of a :class:`CompactBase64Body` as ``(n, d_src)`` float32, or None.
+
+    None when an item is not exactly the unpadded base64 of ``4 * d_src`` bytes (the
+    caller then decodes the parsed items with
+    :func:`~service.encoding.decode_vectors`, which names the culprit).
+
+    Returns
+    -------
+    ndarray of shape (n, d_src), float32, or None
+        Writable and C-contiguous, finite.
+
+    Raises
+    ------
+    LimitExceededError
+        More than ``max_vectors`` items.
+    NonFiniteError
+        A vector with NaN or infinity (named by index).
+    """
+    if split.n > max_vectors:
+        raise LimitExceededError(
+            f"too many vectors: {split.n} in one request; the limit is {max_vectors}",
+            limit=max_vectors,
+            got=split.n,
+            param="input",
+        )
+    if 3 * split.width != 16 * d_src:  # width = 4 * d_src bytes / 3 * 4 characters
+        return None
+    array = np.frombuffer(bytearray(split.decoded), dtype=_LE_F32).reshape(split.n, d_src)
     array = array.astype(np.float32, copy=False)
     check_finite(array, what="input", param="input")
     return array

@@ -48,9 +48,13 @@ class TranslateOptions(BaseModel):
         default="float",
         description="Output encoding: float arrays, or base64 of little-endian float32.",
     )
-    normalize: bool = Field(default=False, description="L2-normalise the output vectors.")
+    # strict: JSON true / false only (not "yes", 1 or "true")
+    normalize: bool = Field(
+        default=False, strict=True, description="L2-normalise the output vectors."
+    )
     strict: bool = Field(
         default=False,
+        strict=True,
         description="Refuse to translate through a chain of stitches when no direct one exists.",
     )
 

@@ -82,6 +82,10 @@ def _bodies_that_need_the_full_parse() -> dict[str, bytes]:
         "not an object": b"[" + good + b"]",
         "broken JSON after the array": b'{"input":[' + good + b"],}",
         "a trailing space before ]": b'{"input":[' + good + b" ]}",
+        "padding at the end of the last item": orjson.dumps({"input": [items[0][:-4] + "AA=="]}),
+        "one long item instead of many": b'{"input":["' + b"A" * (4 * 2051 - 3) + b'"]}',
+        "an unterminated string": b'{"input":["' + b"A" * (3 * 2051 - 2) + b"]}",
+        "a string that is not base64": b'{"stitch":"nope","input":["a"b"]}',
     }
 
 
@@ -130,4 +134,41 @@ def test_limits_and_finiteness_are_checked() -> None:
     assert split is not None
     with pytest.raises(NonFiniteError, match=r"input\[2\]"):
         decode_compact_base64(split, D, max_vectors=10)
-    assert decode_compact_base64(split, 383, max_vectors=10) is None  # another width
+    assert decode_compact_base64(split, 387, max_vectors=10) is None  # another width
+    assert decode_compact_base64(split, 383, max_vectors=10) is None
+
+
+def test_one_long_item_is_not_counted_as_many() -> None:
+    body = b'{"input":["' + b"A" * (4 * 2051 - 3 - 1) + b'"]}'  # width a multiple of 4
+    split = split_compact_base64(body)
+    assert split is not None and split.n == 1
+    assert decode_compact_base64(split, D, max_vectors=4) is None  # the full parse names it
+
+
+_CASES = {
+    "padded last item": lambda v: {"stitch": "minilm-to-mpnet", "input": [v[0][:-4] + "AA=="]},
+    "padded third item": lambda v: {
+        "stitch": "minilm-to-mpnet",
+        "input": [v[0], v[1], v[2][:-4] + "AAA="],
+    },
+    "unknown stitch, good array": lambda v: {"stitch": "nope", "input": v[:2]},
+    "good": lambda v: {"stitch": "minilm-to-mpnet", "input": v[:3], "encoding_format": "base64"},
+    "too many": lambda v: {"stitch": "minilm-to-mpnet", "input": v[:1] * 2049},
+    "wrong dimension": lambda v: {"source_model": MPNET, "target_model": MINILM, "input": v[:2]},
+}
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MPNET = "sentence-transformers/all-mpnet-base-v2"
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_compact_and_pretty_bodies_get_the_same_answer(
+    client: Any, queries: Any, case: str
+) -> None:
+    payload = _CASES[case](b64(queries["minilm"][:3]))
+    answers = []
+    for body in (orjson.dumps(payload), json.dumps(payload, indent=1).encode()):
+        r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code < 500, r.text
+        answers.append((r.status_code, r.json().get("error", {}).get("code"), r.json().get("data")))
+    assert answers[0] == answers[1]
+    assert client.get("/readyz").status_code == 200

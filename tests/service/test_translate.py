@@ -203,3 +203,12 @@ def test_translate_on_cuda(make_client: Any, fitted: Any, queries: Any) -> None:
     assert r.status_code == 200, r.text
     y = unb64([d["embedding"] for d in r.json()["data"]])
     np.testing.assert_allclose(y, fitted.expected(["minilm-to-mpnet"], x), atol=1e-4)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true"])
+def test_flags_are_json_booleans(client: TestClient, queries: Any, value: Any) -> None:
+    for flag in ("normalize", "strict"):
+        body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1]), flag: value}
+        r = client.post("/v1/translate", json=body)
+        assert r.status_code == 422, r.text
+        assert flag in r.text

@@ -287,10 +287,11 @@ def serial_stages(prof: Any) -> list[str]:
     stages = prof.get("serial_stages") if prof else None
     if not stages:
         return []
-    names = list(stages[0]["stage_ms"])
+    names = list(dict.fromkeys(n for s in stages for n in s["stage_ms"]))
     lines = [
         "Serial cost of each hot-path stage for one batch-1024 request, in this process with "
-        "the service's own codec (`service.encoding`) and orjson (median ms; torch threads "
+        "the service's own code (`service.compact_base64` for the compact base64 bodies, "
+        "else orjson and `service.encoding`; median ms; torch threads "
         f"{stages[0]['torch_threads']}); the forward includes the output finiteness check "
         "and the conversion to NumPy, as `Route.translate` does:",
         "",
@@ -298,7 +299,7 @@ def serial_stages(prof: Any) -> list[str]:
     rows = [
         [
             f"{s['stitch']} {s['encoding']}",
-            *(_f(s["stage_ms"][n], 1) for n in names),
+            *(_f(s["stage_ms"].get(n), 1) for n in names),
             _f(s["total_ms"], 1),
             _n(s["vectors_per_s_if_serial"]),
         ]

@@ -253,7 +253,7 @@ def render_embeddings(
 @functools.cache
 def _row_openings(n: int) -> tuple[bytes, ...]:
     """``{"object":"embedding","index":i,"embedding":"`` for ``i < n``, a comma before all
-    but the first (cached for powers of two: at most a dozen tables)."""
+    but the first (cached per power of two: 12 tables up to the default 2,048 vectors)."""
     return tuple(
         b'%s{"object":"embedding","index":%d,"embedding":"' % (b"," * (i > 0), i) for i in range(n)
     )

@@ -1,7 +1,8 @@
 """Translate throughput and latency: in-process stitch forward against the HTTP service.
 
-In-process is the raw ``stitch(x)`` (a float32 matrix product, centring and L2
-normalisation) under ``torch.inference_mode()``: the limit of this machine. HTTP is a real
+In-process is the raw ``stitch(x)`` under ``torch.inference_mode()`` (for a ridge stitch a
+float32 matrix product, centring and L2 normalisation; the bundled MLP stitches add their
+residual MLP): the limit of this machine. HTTP is a real
 uvicorn process on loopback, driven by ``concurrency`` httpx clients (threads) that each send
 the same pre-serialised request body back to back; the clients read every response body in
 full (streamed, not kept) but do not parse it in the timed loop (the first, untimed response
@@ -117,12 +118,16 @@ def drive(url: str, body: bytes, *, concurrency: int, min_time: float, min_reque
                         return
                     claimed += 1
                 start = time.perf_counter()
-                with client.stream("POST", "/v1/translate", content=body, headers=HEADERS) as r:
-                    if r.status_code != 200:
-                        errors.append(f"HTTP {r.status_code}: {r.read()[:500]!r}")
-                        return
-                    for _ in r.iter_raw():
-                        pass
+                try:
+                    with client.stream("POST", "/v1/translate", content=body, headers=HEADERS) as r:
+                        if r.status_code != 200:
+                            errors.append(f"HTTP {r.status_code}: {r.read()[:500]!r}")
+                            return
+                        for _ in r.iter_raw():
+                            pass
+                except httpx.HTTPError as exc:  # a client thread must not die unnoticed
+                    errors.append(repr(exc))
+                    return
                 latencies.append(time.perf_counter() - start)
 
         threads = [threading.Thread(target=worker) for _ in range(concurrency)]

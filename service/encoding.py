@@ -106,6 +106,10 @@ def reject_bools(items: list[Any]) -> None:
             )
 
 
+def _dimensions(n: int) -> str:
+    return "1 dimension" if n == 1 else f"{n} dimensions"
+
+
 def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
     n_bytes = 4 * d_src
     if n_bytes % 3 == 0:  # unpadded strings: decode the whole batch in one call
@@ -138,7 +142,7 @@ def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
                     param=f"input[{i}]",
                 )
             raise ShapeMismatchError(
-                f"input[{i}] has {len(raw) // 4} dimensions ({len(raw)} bytes), but the stitch "
+                f"input[{i}] has {_dimensions(len(raw) // 4)} ({len(raw)} bytes), but the stitch "
                 f"expects {d_src} ({n_bytes} bytes of little-endian float32)",
                 expected=d_src,
                 got=len(raw) // 4,
@@ -161,7 +165,7 @@ def _decode_floats(items: list[Any], d_src: int) -> np.ndarray:
             array = _diagnose_floats(items, d_src)
     if array.shape[1] != d_src:
         raise ShapeMismatchError(
-            f"input[0] has {array.shape[1]} dimensions, but the stitch expects {d_src}",
+            f"input[0] has {_dimensions(array.shape[1])}, but the stitch expects {d_src}",
             expected=d_src,
             got=int(array.shape[1]),
             param="input[0]",
@@ -184,7 +188,7 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
         if len(row) != d_src:
             ragged = " (ragged batch: vectors of different lengths)" if len(lengths) > 1 else ""
             raise ShapeMismatchError(
-                f"input[{i}] has {len(row)} dimensions, but the stitch expects {d_src}{ragged}",
+                f"input[{i}] has {_dimensions(len(row))}, but the stitch expects {d_src}{ragged}",
                 expected=d_src,
                 got=len(row),
                 param=f"input[{i}]",

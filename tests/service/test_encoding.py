@@ -76,3 +76,8 @@ def test_float_edge_cases() -> None:
     with pytest.raises(NonFiniteError, match=r"input\[0\]"):
         decode_vectors([[1.0, 2.0, 10**60]], 3)  # fits a double, overflows float32
     np.testing.assert_array_equal(decode_vectors([[1, 2, 3]], 3), [[1.0, 2.0, 3.0]])
+
+
+def test_one_dimension_is_singular() -> None:
+    with pytest.raises(ShapeMismatchError, match=r"input\[0\] has 1 dimension, but the stitch"):
+        decode_vectors([[1e30]], 384)

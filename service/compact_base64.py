@@ -21,8 +21,7 @@ import numpy as np
 import orjson
 import pybase64
 
-from lead.errors import LimitExceededError
-from service.encoding import check_finite
+from service.encoding import check_finite, check_vector_count, float32_rows
 
 __all__ = ["CompactBase64Body", "decode_compact_base64", "split_compact_base64"]
 
@@ -30,7 +29,6 @@ __all__ = ["CompactBase64Body", "decode_compact_base64", "split_compact_base64"]
 _INPUT_ARRAY = re.compile(rb'"input"\s*:\s*\["')
 _KEY = b'"input"'
 _QUOTE, _COMMA = ord('"'), ord(",")
-_LE_F32 = np.dtype("<f4")
 
 
 @dataclass(frozen=True)
@@ -119,16 +117,9 @@ def decode_compact_base64(
     NonFiniteError
         A vector with NaN or infinity (named by index).
     """
-    if split.n > max_vectors:
-        raise LimitExceededError(
-            f"too many vectors: {split.n} in one request; the limit is {max_vectors}",
-            limit=max_vectors,
-            got=split.n,
-            param="input",
-        )
+    check_vector_count(split.n, max_vectors)
     if 3 * split.width != 16 * d_src:  # width = 4 * d_src bytes / 3 * 4 characters
         return None
-    array = np.frombuffer(bytearray(split.decoded), dtype=_LE_F32).reshape(split.n, d_src)
-    array = array.astype(np.float32, copy=False)
+    array = float32_rows(bytearray(split.decoded), split.n, d_src)
     check_finite(array, what="input", param="input")
     return array

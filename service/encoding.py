@@ -18,13 +18,20 @@ import numpy as np
 import orjson
 import pybase64  # SIMD base64, API of the standard library's; ~30x faster on big batches
 
-from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
+from lead.errors import (
+    DecodeError,
+    InvalidInputError,
+    LimitExceededError,
+    NonFiniteError,
+    ShapeMismatchError,
+)
 
 __all__ = [
     "EncodingFormat",
     "check_finite",
+    "check_vector_count",
     "decode_vectors",
-    "encode_vectors",
+    "float32_rows",
     "reject_bools",
     "render_embeddings",
 ]
@@ -121,8 +128,7 @@ def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
                 pass  # find and name the bad string below
             else:
                 if len(joined) == n_bytes * len(items):  # else padding inside: check each
-                    array = np.frombuffer(joined, dtype=_LE_F32).reshape(len(items), d_src)
-                    return array.astype(np.float32, copy=False)
+                    return float32_rows(joined, len(items), d_src)
     chunks: list[bytes] = []
     for i, item in enumerate(items):
         if not isinstance(item, str):
@@ -149,9 +155,24 @@ def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
                 param=f"input[{i}]",
             )
         chunks.append(raw)
-    joined = bytearray(b"".join(chunks))
-    array = np.frombuffer(joined, dtype=_LE_F32).reshape(len(items), d_src)
-    return array.astype(np.float32, copy=False)
+    return float32_rows(bytearray(b"".join(chunks)), len(items), d_src)
+
+
+def float32_rows(data: bytearray, n: int, d: int) -> np.ndarray:
+    """``n * d`` little-endian float32 values of ``data`` as a writable ``(n, d)`` float32
+    array sharing its memory (no copy on little-endian machines)."""
+    return np.frombuffer(data, dtype=_LE_F32).reshape(n, d).astype(np.float32, copy=False)
+
+
+def check_vector_count(n: int, max_vectors: int) -> None:
+    """Raise :class:`LimitExceededError` when a request holds more than ``max_vectors``."""
+    if n > max_vectors:
+        raise LimitExceededError(
+            f"too many vectors: {n} in one request; the limit is {max_vectors}",
+            limit=max_vectors,
+            got=n,
+            param="input",
+        )
 
 
 def _decode_floats(items: list[Any], d_src: int) -> np.ndarray:
@@ -209,26 +230,15 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
         ) from None
 
 
-def encode_vectors(array: np.ndarray, encoding_format: EncodingFormat) -> list[Any]:
-    """One wire value per row of ``array`` (float32 of shape ``(n, d_tgt)``).
-
-    ``"float"`` gives the rows themselves (orjson serialises NumPy rows natively);
-    ``"base64"`` gives base64 strings of the rows' little-endian float32 bytes.
-    """
-    if encoding_format == "float":
-        return list(array)
-    return [bytes(row).decode("ascii") for row in _base64_rows(array)]
-
-
 def render_embeddings(
     array: np.ndarray, encoding_format: EncodingFormat, *, before: bytes = b"", after: bytes = b""
 ) -> bytes:
     """The response's ``data`` array as JSON bytes, one object per row of ``array``.
 
-    Row ``i`` becomes ``{"object": "embedding", "index": i, "embedding": value}``, the
-    value as in :func:`encode_vectors`. Base64 output is written straight into the JSON
-    text (base64 needs no JSON escapes), without a Python object per vector, and the
-    whole text is assembled in one copy.
+    Row ``i`` becomes ``{"object": "embedding", "index": i, "embedding": value}``: the
+    row's numbers (``"float"``), or the base64 of its little-endian float32 bytes
+    (``"base64"``), written straight into the JSON text (base64 needs no JSON escapes),
+    without a Python object per vector; the whole text is assembled in one copy.
 
     Parameters
     ----------

@@ -21,10 +21,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from lead.errors import InvalidInputError, LimitExceededError
+from lead.errors import InvalidInputError
 from service.compact_base64 import decode_compact_base64, split_compact_base64
 from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, require_json
-from service.encoding import decode_vectors, reject_bools, render_embeddings
+from service.encoding import (
+    check_vector_count,
+    decode_vectors,
+    reject_bools,
+    render_embeddings,
+)
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -158,13 +163,8 @@ def _decode_input(
     body: bytes, payload: dict[str, Any], items: Any, d_src: int, max_vectors: int
 ) -> np.ndarray:
     """The parsed ``input`` as one float32 array, every problem named."""
-    if isinstance(items, list) and len(items) > max_vectors:
-        raise LimitExceededError(
-            f"too many vectors: {len(items)} in one request; the limit is {max_vectors}",
-            limit=max_vectors,
-            got=len(items),
-            param="input",
-        )
+    if isinstance(items, list):
+        check_vector_count(len(items), max_vectors)
     x = decode_vectors(items, d_src, check_bools=False)
     if isinstance(items[0], list) and _may_hold_bools(body, payload):
         reject_bools(items)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
@@ -55,3 +57,12 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "scifact" / "embeddings").is_dir():
         pytest.skip(f"needs the real data at {SHARED_DATA} (absent in a plain clone)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch intra-op thread for a module of small fits, restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +18,8 @@ DATA = FIXTURES / "scifact_small.safetensors"
 MINILM, MPNET = "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-mpnet-base-v2"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _fit_args(out: Path, *extra: str) -> list[str]:

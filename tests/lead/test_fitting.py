@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -18,14 +16,8 @@ from lead.errors import (
 from lead.fitting import DEFAULT_RIDGE_ALPHAS, fit_procrustes, fit_ridge, fit_stitch
 from lead.stitches import AffineStitch, MLPStitch, OrthogonalStitch, StitchInfo
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rng(seed: int = 0) -> np.random.Generator:

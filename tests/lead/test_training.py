@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,13 +17,8 @@ from lead.training import MLPConfig, train_mlp
 FAST = {"hidden_dim": 32, "max_epochs": 6, "batch_size": 64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """These models are tiny: a second intra-op thread only adds overhead (and jitter)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: small fits: a second intra-op thread only adds overhead (and jitter on a busy machine)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _nonlinear_pairs(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ from lead.crossfit import crossfit_retrieval
 from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
 from lead.errors import LeadError
 from lead.fitting import ProgressCallback, fit_procrustes, fit_ridge, fit_stitch
+from lead.invertible import InvertibleConfig, train_invertible
 from lead.metrics import (
     linear_cka_score,
     mean_cosine_similarity,
@@ -21,6 +22,7 @@ from lead.splits import holdout_split, kfold_indices
 from lead.stitches import (
     STITCH_REGISTRY,
     AffineStitch,
+    InvertibleStitch,
     MLPStitch,
     OrthogonalStitch,
     Stitch,
@@ -36,6 +38,8 @@ __all__ = [
     "AffineStitch",
     "EmbeddingReader",
     "EmbeddingWriter",
+    "InvertibleConfig",
+    "InvertibleStitch",
     "LeadError",
     "MLPConfig",
     "MLPStitch",
@@ -71,5 +75,6 @@ __all__ = [
     "score_stitch",
     "stitch_class",
     "top1_accuracy_score",
+    "train_invertible",
     "train_mlp",
 ]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError, TooFewPairsError
 
-__all__ = ["as_matrix", "check_pairs"]
+__all__ = ["as_matrix", "check_config_fields", "check_device", "check_pairs"]
 
 
 def as_matrix(x: Any, *, name: str, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -131,3 +131,53 @@ def check_pairs(X: Any, Y: Any, *, minimum: int = 4) -> tuple[Tensor, Tensor]:
             param="X",
         )
     return X, Y
+
+
+def check_config_fields(config: Any, *, zero_ok: frozenset[str] = frozenset()) -> None:
+    """Validate the ``int`` and ``float`` fields of a frozen settings dataclass, in place.
+
+    Integers must be real ``int`` (not ``bool``) and >= 1 (``seed`` and the names in
+    ``zero_ok`` >= 0); floats must be finite numbers > 0 (>= 0 for ``zero_ok``) and are
+    stored as ``float``.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first field that breaks a rule.
+    """
+    import dataclasses
+    import math
+
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInputError(f"{f.name} must be an integer", param=f.name)
+            minimum = 0 if f.name == "seed" or f.name in zero_ok else 1
+            if value < minimum:
+                raise InvalidInputError(f"{f.name} must be >= {minimum}", param=f.name)
+        elif f.type == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidInputError(f"{f.name} must be a number", param=f.name)
+            object.__setattr__(config, f.name, float(value))
+            if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_ok):
+                raise InvalidInputError(f"{f.name} must be finite and > 0", param=f.name)
+
+
+def check_device(name: Any) -> torch.device:
+    """Parse a torch device name; CUDA must be available when asked for.
+
+    Raises
+    ------
+    InvalidInputError
+        For an unknown device, or ``cuda`` on a machine without CUDA.
+    """
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise InvalidInputError(f"unknown device {name!r}", param="device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(
+            "device 'cuda' asked for, but CUDA is not available", param="device"
+        )
+    return device

@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = commands.add_parser("fit", help="fit a stitch on paired embeddings and save it")
     _add_pair_arguments(fit)
-    fit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp")
+    fit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp | invertible")
     fit.add_argument(
         "--option",
         action="append",

@@ -13,6 +13,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     │   ├── NonFiniteError                        NaN or infinity in the input
     │   ├── TooFewPairsError                      fewer paired rows than a method needs
     │   ├── DecodeError                           base64 or file bytes that do not decode
+    │   ├── NotInvertibleError                    an inverse asked of a stitch that has none
     │   └── LimitExceededError                    more vectors / bytes than allowed (limit, got)
     │       └── PayloadTooLargeError              request body over the byte limit
     ├── UnsupportedMediaTypeError (ValueError)    request body that is not JSON / safetensors
@@ -55,6 +56,7 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteOutputError",
     "NotFoundError",
+    "NotInvertibleError",
     "NotReadyError",
     "OverloadedError",
     "PayloadTooLargeError",
@@ -121,6 +123,10 @@ class TooFewPairsError(InvalidInputError):
 
 class DecodeError(InvalidInputError):
     """Bytes (base64, a file) that do not decode to the expected vectors."""
+
+
+class NotInvertibleError(InvalidInputError):
+    """The inverse direction was asked of a stitch that is not invertible."""
 
 
 class LimitExceededError(InvalidInputError):

@@ -42,6 +42,7 @@ METHODS: dict[str, str] = {
     "procrustes": "procrustes",
     "orthogonal": "procrustes",
     "mlp": "mlp",
+    "invertible": "invertible",
 }
 
 _RIDGE_HOLDOUT = 0.2
@@ -297,8 +298,10 @@ def fit_stitch(
         Source-model vectors.
     Y : array_like or Tensor of shape (n, d_tgt)
         Target-model vectors of the same items.
-    method : {"ridge", "affine", "procrustes", "orthogonal", "mlp"}, default "ridge"
-        ``affine`` and ``orthogonal`` are aliases of ``ridge`` and ``procrustes``.
+    method : {"ridge", "affine", "procrustes", "orthogonal", "mlp", "invertible"}, default "ridge"
+        ``affine`` and ``orthogonal`` are aliases of ``ridge`` and ``procrustes``;
+        ``invertible`` trains an :class:`~lead.stitches.InvertibleStitch` (with
+        ``.inverse(y)``).
     info : StitchInfo, optional
         Models and provenance; not modified (a copy is stored). Its ``fit`` dict is kept
         and extended with ``method``, ``options``, ``pairs``, ``seed``, ``lead_version``
@@ -309,11 +312,13 @@ def fit_stitch(
         Seed of every random choice (ridge hold-out split, MLP init and shuffling).
     progress : callable, optional
         ``progress(stage, step, total)``; ``("fit", 0, 1)`` / ``("fit", 1, 1)`` around a
-        closed-form fit, ``("train", epoch, max_epochs)`` while training an MLP. An
+        closed-form fit, ``("train", epoch, max_epochs)`` while training (mlp,
+        invertible). An
         exception it raises (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
-        :class:`lead.training.MLPConfig` except ``seed``.
+        :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
+        :class:`lead.invertible.InvertibleConfig` except ``seed``.
 
     Returns
     -------
@@ -333,12 +338,14 @@ def fit_stitch(
         raise InvalidInputError(
             f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method"
         )
-    from lead.training import MLPConfig, train_mlp  # late import: training imports fitting
+    from lead.invertible import InvertibleConfig, train_invertible  # late: they import fitting
+    from lead.training import MLPConfig, train_mlp
 
+    trained = {"mlp": MLPConfig, "invertible": InvertibleConfig}
     allowed = {
         "ridge": {"alpha", "alphas"},
         "procrustes": {"scaling"},
-        "mlp": {f.name for f in dataclasses.fields(MLPConfig)} - {"seed"},
+        **{name: {f.name for f in dataclasses.fields(c)} - {"seed"} for name, c in trained.items()},
     }[canonical]
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -351,7 +358,8 @@ def fit_stitch(
     if normalize_output is None:
         normalize_output = info.target_normalized
     X, Y = check_pairs(X, Y)
-    if progress is not None and canonical != "mlp":
+    closed_form = canonical not in trained
+    if progress is not None and closed_form:
         progress("fit", 0, 1)
     stitch: Stitch
     if canonical == "ridge":
@@ -360,10 +368,19 @@ def fit_stitch(
         if not isinstance(options.get("scaling", False), bool):
             raise InvalidInputError("scaling must be true or false", param="scaling")
         stitch = fit_procrustes(X, Y, **options)
-    else:
+    elif canonical == "mlp":
         config = MLPConfig(**options, seed=seed)
         stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
-    if progress is not None and canonical != "mlp":
+    else:
+        stitch = train_invertible(
+            X,
+            Y,
+            InvertibleConfig(**options, seed=seed),
+            progress,
+            normalize_output=bool(normalize_output),
+            normalize_inverse_output=info.source_normalized,
+        )
+    if progress is not None and closed_form:
         progress("fit", 1, 1)
     info.fit = {
         **info.fit,

@@ -21,6 +21,7 @@ from lead.errors import ShapeMismatchError, UnknownArchitectureError
 __all__ = [
     "STITCH_REGISTRY",
     "AffineStitch",
+    "InvertibleStitch",
     "MLPStitch",
     "OrthogonalStitch",
     "Stitch",
@@ -131,12 +132,17 @@ class Stitch(nn.Module):
                 got=tuple(x.shape),
             )
         y = self._map(x - self.source_mean) + self.target_mean
-        if self.normalize_output:
-            # divide by the largest entry first, so that a row whose norm would overflow
-            # (finite entries above ~1e19 in float32) is normalised, not turned into zeros
-            peak = y.detach().abs().amax(dim=1, keepdim=True)
-            y = nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1)
-        return y
+        return unit_rows(y) if self.normalize_output else y
+
+
+def unit_rows(y: Tensor) -> Tensor:
+    """L2-normalise the rows of ``y`` (an all-zero row stays zero).
+
+    Divides by the largest entry first, so that a row whose norm would overflow (finite
+    entries above ~1e19 in float32) is normalised, not turned into zeros.
+    """
+    peak = y.detach().abs().amax(dim=1, keepdim=True)
+    return nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1)
 
 
 class AffineStitch(Stitch):
@@ -218,9 +224,241 @@ class MLPStitch(Stitch):
         return x_centred @ self.weight.T + residual
 
 
+class _Coupling(nn.Module):
+    """One affine coupling layer: the ``cond`` half sets a scale and shift of the other half."""
+
+    def __init__(self, dim: int, hidden_dim: int, cond_first: bool, max_log_scale: float) -> None:
+        super().__init__()
+        half = dim // 2
+        self.cond = slice(0, half) if cond_first else slice(half, dim)
+        self.free = slice(half, dim) if cond_first else slice(0, half)
+        d_cond = half if cond_first else dim - half
+        d_free = dim - d_cond
+        self.max_log_scale = max_log_scale
+        last = nn.Linear(hidden_dim, 2 * d_free)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.net = nn.Sequential(nn.Linear(d_cond, hidden_dim), nn.GELU(), last)
+
+    def _scale_shift(self, cond: Tensor) -> tuple[Tensor, Tensor]:
+        raw_scale, shift = self.net(cond).chunk(2, dim=1)
+        bound = self.max_log_scale
+        return bound * torch.tanh(raw_scale / bound), shift
+
+    def forward(self, z: Tensor) -> Tensor:
+        log_scale, shift = self._scale_shift(z[:, self.cond])
+        out = z.clone()
+        out[:, self.free] = z[:, self.free] * torch.exp(log_scale) + shift
+        return out
+
+    def inverse(self, z: Tensor) -> Tensor:
+        log_scale, shift = self._scale_shift(z[:, self.cond])
+        out = z.clone()
+        out[:, self.free] = (z[:, self.free] - shift) * torch.exp(-log_scale)
+        return out
+
+
+class InvertibleStitch(Stitch):
+    r"""A bijective stitch: an invertible linear map, then affine coupling layers.
+
+    In :math:`D = \max(d_{src}, d_{tgt})` dimensions,
+    :math:`y = \pi_{tgt}(c_K \circ \dots \circ c_1(W\, \iota_{src}(x - \mu_x))) + \mu_y`,
+    where :math:`\iota` pads with zeros to :math:`D` dimensions and :math:`\pi` keeps the
+    first ones. :math:`W = P L U` is stored in LU form (Kingma & Dhariwal, 2018 [2]_):
+    ``perm`` a fixed permutation matrix, ``lower`` (unit lower triangular part used),
+    ``upper`` (strictly upper part used) and ``sign * exp(log_scale)`` on the diagonal of
+    :math:`U`, so :math:`W` is invertible whatever the training does. Each coupling layer
+    :math:`c_i` (RealNVP, Dinh et al., 2017 [1]_) keeps one half of the coordinates and
+    maps the other half to :math:`z_b e^{s(z_a)} + t(z_a)`, with
+    :math:`s = m \tanh(\cdot / m)` bounded by ``max_log_scale`` :math:`m`; the halves
+    alternate. The last layer of every coupling network starts at zero, so an untrained
+    stitch is its linear part.
+
+    :meth:`inverse` maps target vectors back to the source space. For equal dimensions it
+    is the exact inverse of the unnormalised map. When the dimensions differ (the
+    documented projection): with :math:`d_{src} < d_{tgt}` the source is padded, so
+    ``inverse(forward(x)) == x``, while ``forward(inverse(y))`` keeps only the part of
+    ``y`` reachable from the source; with :math:`d_{src} > d_{tgt}` the forward map
+    drops the last :math:`D - d_{tgt}` coordinates, and :meth:`inverse` pads ``y`` with
+    zeros there, so a round trip loses what those coordinates held.
+
+    Parameters
+    ----------
+    d_src, d_tgt : int
+        Source and target dimensions.
+    hidden_dim : int, default 256
+        Width of each coupling network.
+    coupling_layers : int, default 4
+        Number of coupling layers (0 makes a purely linear invertible stitch).
+    max_log_scale : float, default 2.0
+        Bound on each coupling's log-scale.
+    normalize_inverse_output : bool, default False
+        L2-normalise the rows :meth:`inverse` returns (for unit-length source models).
+
+    References
+    ----------
+    .. [1] Dinh, L., Sohl-Dickstein, J. and Bengio, S. (2017). Density estimation using Real
+       NVP. ICLR. arXiv:1605.08803
+    .. [2] Kingma, D. P. and Dhariwal, P. (2018). Glow: generative flow with invertible 1x1
+       convolutions. NeurIPS. arXiv:1807.03039
+    .. [3] Guo, Y. et al. (2023). All roads lead to Rome? Exploring the invariance of
+       transformers' representations. arXiv:2305.14555
+    """
+
+    architecture = "invertible"
+    config_keys = ("hidden_dim", "coupling_layers", "max_log_scale", "normalize_inverse_output")
+
+    def __init__(
+        self,
+        d_src: int,
+        d_tgt: int,
+        *,
+        hidden_dim: int = 256,
+        coupling_layers: int = 4,
+        max_log_scale: float = 2.0,
+        normalize_inverse_output: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(d_src, d_tgt, **kwargs)
+        if isinstance(hidden_dim, bool) or isinstance(coupling_layers, bool):
+            raise ShapeMismatchError(
+                "hidden_dim and coupling_layers must be integers",
+                expected="int",
+                got=(hidden_dim, coupling_layers),
+            )
+        if hidden_dim < 1 or coupling_layers < 0 or not 0 < max_log_scale <= 10:
+            raise ShapeMismatchError(
+                "need hidden_dim >= 1, coupling_layers >= 0 and 0 < max_log_scale <= 10, got "
+                f"{hidden_dim}, {coupling_layers}, {max_log_scale}",
+                expected=">= 1, >= 0, (0, 10]",
+                got=(hidden_dim, coupling_layers, max_log_scale),
+            )
+        if max(d_src, d_tgt) < 2 and coupling_layers > 0:
+            raise ShapeMismatchError(
+                "coupling layers need at least 2 dimensions", expected=">= 2", got=(d_src, d_tgt)
+            )
+        self.hidden_dim = int(hidden_dim)
+        self.coupling_layers = int(coupling_layers)
+        self.max_log_scale = float(max_log_scale)
+        self.normalize_inverse_output = bool(normalize_inverse_output)
+        dim = self.dim = max(d_src, d_tgt)
+        self.perm = nn.Parameter(torch.eye(dim), requires_grad=False)
+        self.lower = nn.Parameter(torch.zeros(dim, dim))
+        self.upper = nn.Parameter(torch.zeros(dim, dim))
+        self.log_scale = nn.Parameter(torch.zeros(dim))
+        self.sign = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.couplings = nn.ModuleList(
+            _Coupling(dim, self.hidden_dim, i % 2 == 0, self.max_log_scale)
+            for i in range(self.coupling_layers)
+        )
+        self._cache: tuple[tuple[Any, ...], Tensor] | None = None
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        """The unit lower and the upper triangular factors of ``W = perm @ L @ U``."""
+        eye = torch.eye(self.dim, dtype=self.lower.dtype, device=self.lower.device)
+        L = torch.tril(self.lower, -1) + eye
+        U = torch.triu(self.upper, 1) + torch.diag(self.sign * torch.exp(self.log_scale))
+        return L, U
+
+    def linear_weight(self) -> Tensor:
+        """The invertible matrix ``W = perm @ L @ U`` of shape (D, D)."""
+        key = tuple(
+            (p.data_ptr(), p._version)
+            for p in (self.perm, self.lower, self.upper, self.log_scale, self.sign)
+        )
+        if torch.is_grad_enabled() and self.lower.requires_grad:
+            L, U = self._factors()
+            return self.perm @ L @ U
+        if self._cache is None or self._cache[0] != key:
+            L, U = self._factors()
+            self._cache = (key, self.perm @ L @ U)
+        return self._cache[1]
+
+    def _pad(self, z: Tensor) -> Tensor:
+        if z.shape[1] == self.dim:
+            return z
+        return nn.functional.pad(z, (0, self.dim - z.shape[1]))
+
+    def _map(self, x_centred: Tensor) -> Tensor:
+        z = self._pad(x_centred) @ self.linear_weight().T.to(x_centred.dtype)
+        for coupling in self.couplings:
+            z = coupling(z)
+        return z[:, : self.d_tgt]
+
+    def inverse(self, y: Tensor) -> Tensor:
+        """Translate target-space vectors back into the source space.
+
+        Parameters
+        ----------
+        y : Tensor of shape (n, d_tgt)
+            Target-model vectors, any floating dtype, on the stitch's device.
+
+        Returns
+        -------
+        Tensor of shape (n, d_src)
+            Source-space vectors in ``y``'s dtype; unit rows when
+            ``normalize_inverse_output``.
+
+        Raises
+        ------
+        ShapeMismatchError
+            If ``y`` is not two-dimensional with ``d_tgt`` columns.
+        """
+        if y.ndim != 2 or y.shape[1] != self.d_tgt:
+            raise ShapeMismatchError(
+                f"expected input of shape (n, {self.d_tgt}), got {tuple(y.shape)}",
+                expected=self.d_tgt,
+                got=tuple(y.shape),
+            )
+        if self.normalize_output and self.normalize_inverse_output:
+            x = self._inverse_on_ray(y)
+        else:
+            x = self.inverse_raw(y)
+        return (unit_rows(x) if self.normalize_inverse_output else x).to(y.dtype)
+
+    def _inverse_on_ray(self, y: Tensor, steps: int = 12) -> Tensor:
+        """The unit-length preimage of the ray through each row of ``y`` (secant method).
+
+        A normalised forward map forgets the length of its raw output, so a unit target
+        vector stands for the ray ``c y``, ``c > 0``. Between unit-length spaces the
+        inverse is the point of that ray whose preimage has unit length, searched from
+        ``c = 1`` (training keeps raw output lengths near 1); a round trip through the
+        normalised map then returns its input.
+        """
+        c0 = torch.ones(y.shape[0], 1, dtype=torch.float64, device=y.device)
+        c1 = c0 * 1.02
+
+        def gap(c: Tensor) -> Tensor:
+            return self.inverse_raw(y * c.to(y.dtype)).double().norm(dim=1, keepdim=True) - 1
+
+        g0, g1 = gap(c0), gap(c1)
+        for _ in range(steps):
+            slope = (g1 - g0) / (c1 - c0)
+            move = torch.where(slope.abs() > 1e-12, g1 / slope, torch.zeros_like(g1))
+            c0, g0 = c1, g1
+            c1 = (c1 - move).clamp(0.2, 5.0)
+            if bool((c1 == c0).all()):
+                break
+            g1 = gap(c1)
+        return self.inverse_raw(y * c1.to(y.dtype))
+
+    def inverse_raw(self, y: Tensor) -> Tensor:
+        """:meth:`inverse` without the normalisation, in at least float32 (for training)."""
+        z = self._pad(y - self.target_mean)
+        for coupling in reversed(self.couplings):
+            z = coupling.inverse(z)
+        work = torch.promote_types(y.dtype, torch.float32)  # triangular solves need >= fp32
+        z = z.to(work)
+        L, U = (f.to(work) for f in self._factors())
+        rhs = self.perm.to(work).T @ z.T  # (D, n): solve L U x = permᵀ z
+        rhs = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+        x = torch.linalg.solve_triangular(U, rhs, upper=True).T
+        return x[:, : self.d_src] + self.source_mean.to(work)
+
+
 #: Architecture name → stitch class. The only way a config names a class.
 STITCH_REGISTRY: dict[str, type[Stitch]] = {
-    cls.architecture: cls for cls in (AffineStitch, OrthogonalStitch, MLPStitch)
+    cls.architecture: cls for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch)
 }
 
 

@@ -9,14 +9,13 @@ never returns something worse on held-out pairs than the ridge fit it started fr
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lead._validation import check_pairs
+from lead._validation import check_config_fields, check_device, check_pairs
 from lead.errors import FitError, InvalidInputError
 from lead.fitting import ProgressCallback, fit_ridge
 from lead.splits import holdout_split
@@ -83,24 +82,7 @@ class MLPConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int":
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise InvalidInputError(f"{f.name} must be an integer", param=f.name)
-                minimum = 0 if f.name == "seed" else 1
-                if value < minimum:
-                    raise InvalidInputError(f"{f.name} must be >= {minimum}", param=f.name)
-            elif f.type == "float":
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise InvalidInputError(f"{f.name} must be a number", param=f.name)
-                object.__setattr__(self, f.name, float(value))
-                if (
-                    not math.isfinite(value)
-                    or value < 0
-                    or (value == 0 and f.name not in ("weight_decay", "init_offset"))
-                ):
-                    raise InvalidInputError(f"{f.name} must be finite and > 0", param=f.name)
+        check_config_fields(self, zero_ok=frozenset({"weight_decay", "init_offset"}))
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"
@@ -111,14 +93,7 @@ class MLPConfig:
             )
         if self.holdout_fraction >= 1:
             raise InvalidInputError("holdout_fraction must be below 1", param="holdout_fraction")
-        try:
-            device = torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise InvalidInputError(f"unknown device {self.device!r}", param="device") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InvalidInputError(
-                "device 'cuda' asked for, but CUDA is not available", param="device"
-            )
+        check_device(self.device)
 
 
 def _loss(pred: Tensor, target: Tensor, config: MLPConfig) -> Tensor:

@@ -66,6 +66,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.LeadError: ErrorKind(400, _INVALID, "invalid_request"),
     le.InvalidInputError: ErrorKind(400, _INVALID, "invalid_input"),
     le.DecodeError: ErrorKind(400, _INVALID, "decode_error"),
+    le.NotInvertibleError: ErrorKind(422, _INVALID, "not_invertible"),
     le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
     le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),
     le.TooFewPairsError: ErrorKind(422, _INVALID, "too_few_pairs"),

@@ -204,8 +204,17 @@ class StitchRegistry:
             f"no stitch {echo(stitch_id)}; served: {', '.join(known) or 'none'}", param="stitch"
         )
 
-    def route_for_id(self, stitch_id: str) -> Route:
-        return Route((self.get(stitch_id),), self.device, self.dtype)
+    def route_for_id(self, stitch_id: str, *, inverse: bool = False) -> Route:
+        """The route of one stitch, run backwards when ``inverse``.
+
+        Raises
+        ------
+        StitchNotFoundError, NotReadyError
+            As :meth:`get`.
+        NotInvertibleError
+            If ``inverse`` and the stitch is not invertible.
+        """
+        return Route((self.get(stitch_id),), self.device, self.dtype, inverse=inverse)
 
     def route(self, source_model: str, target_model: str, *, strict: bool = False) -> Route:
         """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.

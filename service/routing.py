@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lead.errors import NonFiniteOutputError, StitchFormatError
-from lead.stitches import Stitch
+from lead.errors import NonFiniteOutputError, NotInvertibleError, StitchFormatError
+from lead.stitches import InvertibleStitch, Stitch
 
 __all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
 
@@ -43,11 +43,27 @@ class StitchEntry:
 
 @dataclass(frozen=True)
 class Route:
-    """One stitch, or a chain of stitches whose models join up, to apply in order."""
+    """One stitch, or a chain of stitches whose models join up, to apply in order.
+
+    With ``inverse`` the route is one invertible stitch run backwards (target → source).
+    """
 
     entries: tuple[StitchEntry, ...]
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
+    inverse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inverse and (
+            len(self.entries) != 1 or not isinstance(self.entries[0].stitch, InvertibleStitch)
+        ):
+            ids = ", ".join(e.id for e in self.entries)
+            raise NotInvertibleError(
+                f"stitch {ids} is not invertible (architecture "
+                f"{self.entries[0].stitch.architecture!r}); direction 'inverse' needs an "
+                "'invertible' stitch",
+                param="direction",
+            )
 
     @property
     def is_chain(self) -> bool:
@@ -55,15 +71,26 @@ class Route:
 
     @property
     def d_src(self) -> int:
-        return self.entries[0].stitch.d_src
+        first = self.entries[0].stitch
+        return first.d_tgt if self.inverse else first.d_src
 
     @property
     def d_tgt(self) -> int:
-        return self.entries[-1].stitch.d_tgt
+        last = self.entries[-1].stitch
+        return last.d_src if self.inverse else last.d_tgt
+
+    @property
+    def source_model(self) -> str:
+        return self.models[0]
+
+    @property
+    def target_model(self) -> str:
+        return self.models[-1]
 
     @property
     def models(self) -> list[str]:
-        return [self.entries[0].source_model] + [e.target_model for e in self.entries]
+        models = [self.entries[0].source_model] + [e.target_model for e in self.entries]
+        return models[::-1] if self.inverse else models
 
     def translate(self, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
         """Apply the stitch (or chain) to ``x``.
@@ -71,6 +98,7 @@ class Route:
         Parameters
         ----------
         x : ndarray of shape (n, d_src), float32
+            (``d_src`` of the route: the stitch's ``d_tgt`` when ``inverse``)
         normalize : bool
             L2-normalise the output rows.
 
@@ -86,7 +114,12 @@ class Route:
         with torch.inference_mode():
             y = torch.from_numpy(x).to(device=self.device, dtype=self.dtype)
             for entry in self.entries:
-                y = entry.stitch(y)
+                stitch = entry.stitch
+                y = (
+                    stitch.inverse(y)
+                    if isinstance(stitch, InvertibleStitch) and self.inverse
+                    else stitch(y)
+                )
             if normalize:
                 y = nn.functional.normalize(y, dim=1)
             out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()

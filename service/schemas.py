@@ -57,10 +57,18 @@ class TranslateOptions(BaseModel):
         strict=True,
         description="Refuse to translate through a chain of stitches when no direct one exists.",
     )
+    direction: Literal["forward", "inverse"] = Field(
+        default="forward",
+        description="`inverse` runs an invertible stitch backwards: `input` holds vectors of "
+        "the stitch's target model, and the answer is in its source model's space. Needs "
+        "`stitch`; a stitch that is not invertible gets 422 `not_invertible`.",
+    )
 
     @model_validator(mode="after")
     def _one_way_to_name_the_stitch(self) -> TranslateOptions:
         by_models = self.source_model is not None or self.target_model is not None
+        if self.direction == "inverse" and self.stitch is None:
+            raise ValueError("direction 'inverse' needs `stitch` (an invertible stitch's id)")
         if self.stitch is not None and by_models:
             raise ValueError("give either `stitch` or `source_model` + `target_model`, not both")
         if self.stitch is None and (self.source_model is None or self.target_model is None):
@@ -103,6 +111,9 @@ class EmbeddingOut(BaseModel):
 
 class StitchUsed(BaseModel):
     id: str | None = Field(description="The stitch id; null when a chain was used.")
+    direction: Literal["forward", "inverse"] = Field(
+        default="forward", description="`inverse` when an invertible stitch ran backwards."
+    )
     chain: list[str] = Field(description="Stitch ids applied in order (one for a direct stitch).")
     models: list[str] = Field(description="Models along the way, source first, target last.")
 
@@ -135,7 +146,7 @@ class TranslateResponse(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[EmbeddingOut]
-    model: str = Field(description="The target model.")
+    model: str = Field(description="The model whose space the answer is in.")
     stitch: StitchUsed
     usage: Usage
 

@@ -146,7 +146,8 @@ class JobCreate(PairsInput):
     target_model: str = Field(min_length=1, max_length=200, description="Model of `target`.")
     method: str = Field(
         default="ridge",
-        description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`) or `mlp`.",
+        description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp` or "
+        "`invertible`.",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,

@@ -154,7 +154,7 @@ def _may_hold_bools(body: bytes, payload: dict[str, Any]) -> bool:
 
 def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
     if options.stitch is not None:
-        return registry.route_for_id(options.stitch)
+        return registry.route_for_id(options.stitch, inverse=options.direction == "inverse")
     assert options.source_model is not None and options.target_model is not None
     return registry.route(options.source_model, options.target_model, strict=options.strict)
 
@@ -199,9 +199,10 @@ def _translate(
     y = route.translate(x, normalize=options.normalize)
     ids = [entry.id for entry in route.entries]
     rest = {
-        "model": route.entries[-1].target_model,
+        "model": route.target_model,
         "stitch": {
             "id": None if route.is_chain else ids[0],
+            "direction": "inverse" if route.inverse else "forward",
             "chain": ids,
             "models": route.models,
         },

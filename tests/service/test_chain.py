@@ -25,6 +25,7 @@ def test_chain_when_no_direct_stitch(make_client: Any, fitted: Any, queries: Any
     body = r.json()
     assert body["stitch"] == {
         "id": None,
+        "direction": "forward",
         "chain": ["minilm-to-pml3", "pml3-to-mpnet"],
         "models": [fitted.models["minilm"], fitted.models["pml3"], fitted.models["mpnet"]],
     }

@@ -26,6 +26,7 @@ def test_translate_by_id_matches_the_stitch(client: TestClient, fitted: Any, que
     assert body["model"] == fitted.models["mpnet"]
     assert body["stitch"] == {
         "id": "minilm-to-mpnet",
+        "direction": "forward",
         "chain": ["minilm-to-mpnet"],
         "models": [fitted.models["minilm"], fitted.models["mpnet"]],
     }

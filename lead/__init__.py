@@ -17,7 +17,7 @@ from lead.metrics import (
     top1_accuracy_score,
 )
 from lead.retrieval import ndcg_at_k_score, rank_corpus, recall_at_k_score, retrieval_scores
-from lead.scorecard import RetrievalData, Scorecard, score_stitch
+from lead.scorecard import RetrievalData, Scorecard, round_trip_scores, score_stitch
 from lead.splits import holdout_split, kfold_indices
 from lead.stitches import (
     STITCH_REGISTRY,
@@ -71,6 +71,7 @@ __all__ = [
     "read_stitch_config",
     "recall_at_k_score",
     "retrieval_scores",
+    "round_trip_scores",
     "save_stitch",
     "score_stitch",
     "stitch_class",

@@ -8,13 +8,15 @@ import torch
 from torch import Tensor
 
 from lead._validation import as_matrix
-from lead.errors import NonFiniteOutputError, ShapeMismatchError
-from lead.stitches import Stitch
+from lead.errors import NonFiniteOutputError, NotInvertibleError, ShapeMismatchError
+from lead.stitches import InvertibleStitch, Stitch
 
 __all__ = ["apply_stitch"]
 
 
-def apply_stitch(stitch: Stitch, X: Any, *, batch_size: int = 65536) -> Tensor:
+def apply_stitch(
+    stitch: Stitch, X: Any, *, batch_size: int = 65536, inverse: bool = False
+) -> Tensor:
     """Translate ``X`` with ``stitch`` in batches, in the stitch's own device and dtype.
 
     Parameters
@@ -25,26 +27,37 @@ def apply_stitch(stitch: Stitch, X: Any, *, batch_size: int = 65536) -> Tensor:
         Source-model vectors.
     batch_size : int, default 65536
         Rows per forward pass.
+    inverse : bool, default False
+        Run an :class:`~lead.stitches.InvertibleStitch` backwards: ``X`` has ``d_tgt``
+        columns and the result ``d_src``.
 
     Returns
     -------
     Tensor of shape (n, d_tgt), float64, on the stitch's device
+        (n, d_src) with ``inverse``.
 
     Raises
     ------
     ShapeMismatchError
-        If ``X`` does not have ``stitch.d_src`` columns.
+        If ``X`` does not have ``stitch.d_src`` columns (``d_tgt`` with ``inverse``).
+    NotInvertibleError
+        If ``inverse`` and the stitch is not invertible.
     NonFiniteError
         If ``X`` holds NaN or infinity.
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
     """
+    if inverse and not isinstance(stitch, InvertibleStitch):
+        raise NotInvertibleError(f"a {stitch.architecture} stitch has no inverse", param="inverse")
+    d_in, d_out = (stitch.d_tgt, stitch.d_src) if inverse else (stitch.d_src, stitch.d_tgt)
+    run = stitch.inverse if isinstance(stitch, InvertibleStitch) and inverse else stitch
     param = next(stitch.parameters())
     source = as_matrix(X, name="X", dtype=param.dtype).to(param.device)
-    if source.shape[1] != stitch.d_src:
+    if source.shape[1] != d_in:
+        side = "d_tgt" if inverse else "d_src"
         raise ShapeMismatchError(
-            f"X has {source.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
-            expected=stitch.d_src,
+            f"X has {source.shape[1]} columns but the stitch expects {side}={d_in}",
+            expected=d_in,
             got=source.shape[1],
             param="X",
         )
@@ -53,12 +66,12 @@ def apply_stitch(stitch: Stitch, X: Any, *, batch_size: int = 65536) -> Tensor:
     try:
         with torch.no_grad():
             parts = [
-                stitch(source[i : i + batch_size]).to(torch.float64)
+                run(source[i : i + batch_size]).to(torch.float64)
                 for i in range(0, source.shape[0], batch_size)
             ]
     finally:
         stitch.train(was_training)
-    out = torch.cat(parts) if parts else source.new_zeros((0, stitch.d_tgt), dtype=torch.float64)
+    out = torch.cat(parts) if parts else source.new_zeros((0, d_out), dtype=torch.float64)
     if not bool(torch.isfinite(out).all()):
         raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
     return out

@@ -40,6 +40,9 @@ def _metrics(scorecard: dict[str, Any] | None) -> list[tuple[str, float]]:
             number = _number(value)
             if number is not None and key not in {"k", "queries"}:
                 rows.append((f"retrieval.{key}", number))
+    round_trip = scorecard.get("round_trip")
+    if isinstance(round_trip, dict):
+        rows += [(k, n) for k, v in round_trip.items() if (n := _number(v)) is not None]
     return rows
 
 

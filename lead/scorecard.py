@@ -24,9 +24,17 @@ from lead._apply import apply_stitch
 from lead._validation import as_matrix
 from lead.errors import InvalidInputError, ShapeMismatchError
 from lead.retrieval import Qrels, retrieval_scores
-from lead.stitches import Stitch
+from lead.stitches import InvertibleStitch, Stitch
 
-__all__ = ["CORE_METRICS", "RetrievalData", "Scorecard", "core_scores", "score_stitch"]
+__all__ = [
+    "CORE_METRICS",
+    "ROUND_TRIP_METRICS",
+    "RetrievalData",
+    "Scorecard",
+    "core_scores",
+    "round_trip_scores",
+    "score_stitch",
+]
 
 #: The metrics every scorecard and each of its baselines carries, in layout order.
 CORE_METRICS = (
@@ -37,6 +45,12 @@ CORE_METRICS = (
     "mean_rank_error",
     "mutual_knn_score",
     "linear_cka_score",
+)
+#: The round-trip (A → B → A) figures of :func:`round_trip_scores`.
+ROUND_TRIP_METRICS = (
+    "round_trip_mean_squared_error",
+    "round_trip_mean_cosine_similarity",
+    "round_trip_top1_accuracy_score",
 )
 #: Neighbourhood size of :func:`lead.metrics.mutual_knn_score` (Huh et al. 2024).
 MUTUAL_KNN_K = 10
@@ -91,6 +105,10 @@ class Scorecard:
         and ratios (translated source queries searching the native documents).
     baselines : dict
         ``{"mean_estimator": {core metrics}, "identity": {core metrics} or None}``.
+    round_trip : dict or None
+        For a stitch that can be run back (an invertible one, or with a reverse stitch
+        given): :func:`round_trip_scores` of the held-out source vectors, and ``via``
+        (``"inverse"`` or ``"reverse_stitch"``).
     """
 
     pairs: int
@@ -104,6 +122,7 @@ class Scorecard:
     linear_cka_score: float
     retrieval: dict[str, Any] | None = None
     baselines: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    round_trip: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict in the layout of the contract (key order included)."""
@@ -112,6 +131,7 @@ class Scorecard:
         out["baselines"] = {
             name: None if core is None else dict(core) for name, core in self.baselines.items()
         }
+        out["round_trip"] = None if self.round_trip is None else dict(self.round_trip)
         return out
 
     @classmethod
@@ -124,7 +144,7 @@ class Scorecard:
             If a key is missing or unknown.
         """
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(data))
+        missing = sorted(names - set(data) - {"round_trip"})  # absent before round trips
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise InvalidInputError(
@@ -136,6 +156,7 @@ class Scorecard:
             pairs=int(data["pairs"]),
             pool_size=int(data["pool_size"]),
             retrieval=None if data["retrieval"] is None else dict(data["retrieval"]),
+            round_trip=None if data.get("round_trip") is None else dict(data["round_trip"]),
             baselines={
                 name: None if core is None else {m: float(v) for m, v in core.items()}
                 for name, core in data["baselines"].items()
@@ -228,6 +249,63 @@ def _retrieval(
     return out
 
 
+def round_trip_scores(stitch: Stitch, X: Any, *, reverse: Stitch | None = None) -> dict[str, Any]:
+    """Translate source vectors to the target space and back (A → B → A), and compare.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        The forward stitch (A → B).
+    X : array or Tensor of shape (n, d_src)
+        Source-model vectors, ``n >= 4`` (held out from both fits).
+    reverse : Stitch, optional
+        A stitch B → A (any architecture). When omitted, ``stitch`` must be an
+        :class:`~lead.stitches.InvertibleStitch`, run backwards.
+
+    Returns
+    -------
+    dict
+        ``via`` (``"inverse"`` or ``"reverse_stitch"``) and the :data:`ROUND_TRIP_METRICS`:
+        mean squared error and mean cosine of the round-tripped vectors against ``X``, and
+        the share of them whose nearest ``X`` row (cosine) is their own.
+
+    Raises
+    ------
+    ShapeMismatchError
+        If the dimensions of ``X``, ``stitch`` and ``reverse`` do not join up.
+    NotInvertibleError
+        If ``reverse`` is omitted and ``stitch`` is not invertible.
+    NonFiniteError, TooFewPairsError, NonFiniteOutputError
+        For bad input, fewer than 4 rows, or NaN from a stitch.
+
+    References
+    ----------
+    .. [1] Guo, Y. et al. (2023). All roads lead to Rome? Exploring the invariance of
+       transformers' representations. arXiv:2305.14555 (round trips through bijective maps)
+    """
+    source = as_matrix(X, name="X")
+    there = apply_stitch(stitch, source)
+    if reverse is None:
+        back = apply_stitch(stitch, there, inverse=True)
+    else:
+        if (reverse.d_src, reverse.d_tgt) != (stitch.d_tgt, stitch.d_src):
+            raise ShapeMismatchError(
+                f"the reverse stitch maps {reverse.d_src} → {reverse.d_tgt}, expected "
+                f"{stitch.d_tgt} → {stitch.d_src}",
+                expected=(stitch.d_tgt, stitch.d_src),
+                got=(reverse.d_src, reverse.d_tgt),
+                param="reverse",
+            )
+        back = apply_stitch(reverse, there)
+    back = back.to(source.device)
+    return {
+        "via": "inverse" if reverse is None else "reverse_stitch",
+        "round_trip_mean_squared_error": metrics.mean_squared_error(source, back),
+        "round_trip_mean_cosine_similarity": metrics.mean_cosine_similarity(source, back),
+        "round_trip_top1_accuracy_score": metrics.top1_accuracy_score(back, source),
+    }
+
+
 def score_stitch(
     stitch: Stitch,
     X_test: Any,
@@ -235,6 +313,7 @@ def score_stitch(
     *,
     target_train_mean: Any,
     retrieval: RetrievalData | None = None,
+    reverse: Stitch | None = None,
 ) -> Scorecard:
     """Score a fitted stitch on held-out pairs, with the mean-estimator and identity baselines.
 
@@ -250,12 +329,15 @@ def score_stitch(
         Mean of the training targets: the reference of R² and the mean-estimator prediction.
     retrieval : RetrievalData, optional
         Queries and judgments over the held-out documents (``corpus_ids`` in row order).
+    reverse : Stitch, optional
+        A stitch from the target model back to the source model; with it (or for an
+        invertible ``stitch``) the scorecard holds the round trip of ``X_test``.
 
     Returns
     -------
     Scorecard
-        All :data:`CORE_METRICS`, ``pool_size = n``, retrieval figures or ``None``, and the
-        baselines.
+        All :data:`CORE_METRICS`, ``pool_size = n``, retrieval figures or ``None``, the
+        baselines, and the round trip or ``None``.
 
     Raises
     ------
@@ -305,10 +387,14 @@ def score_stitch(
             core_scores(Y, X, target_train_mean=mean) if X.shape[1] == Y.shape[1] else None
         ),
     }
+    round_trip = None
+    if reverse is not None or isinstance(stitch, InvertibleStitch):
+        round_trip = round_trip_scores(stitch, X, reverse=reverse)
     return Scorecard(
         pairs=n,
         pool_size=n,
         retrieval=None if retrieval is None else _retrieval(stitch, translated, Y, retrieval),
         baselines=baselines,
+        round_trip=round_trip,
         **scores,
     )

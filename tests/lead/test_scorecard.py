@@ -37,6 +37,7 @@ LAYOUT = [
     "linear_cka_score",
     "retrieval",
     "baselines",
+    "round_trip",
 ]
 RETRIEVAL_LAYOUT = {
     "k",
@@ -211,3 +212,53 @@ def test_scoring_1000_pairs_of_768_dims_is_fast() -> None:
     assert card.pairs == 1000
     # Stitch + two baselines; about 0.8 s on 2 idle cores, loose against a busy machine.
     assert elapsed < 15.0, f"{elapsed:.2f} s"
+
+
+def test_round_trip_through_an_invertible_stitch_is_exact(scifact_small: Any) -> None:
+    from lead.fitting import fit_stitch
+    from lead.scorecard import round_trip_scores
+
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    stitch = fit_stitch(X[:300], Y[:300], "invertible", max_epochs=1, hidden_dim=16)
+    scores = round_trip_scores(stitch, X[300:])
+    assert scores["via"] == "inverse"
+    assert scores["round_trip_mean_squared_error"] < 1e-8
+    assert scores["round_trip_mean_cosine_similarity"] > 0.9999
+    assert scores["round_trip_top1_accuracy_score"] == 1.0
+    card = score_stitch(stitch, X[300:], Y[300:], target_train_mean=Y[:300].mean(axis=0))
+    assert card.round_trip == scores
+    assert Scorecard.from_dict(card.to_dict()) == card
+
+
+def test_round_trip_through_a_reverse_stitch_loses_something(scifact_small: Any) -> None:
+    from lead.errors import NotInvertibleError
+    from lead.fitting import fit_stitch
+    from lead.scorecard import round_trip_scores
+
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["mpnet"]
+    there = fit_stitch(X[:300], Y[:300], "ridge")
+    back = fit_stitch(Y[:300], X[:300], "ridge")
+    scores = round_trip_scores(there, X[300:], reverse=back)
+    assert scores["via"] == "reverse_stitch"
+    # two shrinking ridge maps lose detail but keep each document nearest to itself
+    assert 0.3 < scores["round_trip_mean_cosine_similarity"] < 0.999
+    assert scores["round_trip_top1_accuracy_score"] > 0.8
+    with pytest.raises(NotInvertibleError):
+        round_trip_scores(there, X[300:])
+    with pytest.raises(ShapeMismatchError, match="reverse"):
+        round_trip_scores(there, X[300:], reverse=there)
+    card = score_stitch(
+        there, X[300:], Y[300:], target_train_mean=Y[:300].mean(axis=0), reverse=back
+    )
+    assert card.round_trip == scores
+
+
+def test_scorecards_stored_before_round_trips_still_load(scifact_small: Any) -> None:
+    from lead.fitting import fit_stitch
+
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    stitch = fit_stitch(X[:300], Y[:300], "ridge")
+    stored = score_stitch(stitch, X[300:], Y[300:], target_train_mean=Y[:300].mean(axis=0))
+    old = stored.to_dict()
+    assert old.pop("round_trip") is None
+    assert Scorecard.from_dict(old) == stored

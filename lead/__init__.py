@@ -7,13 +7,18 @@ from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
 from lead.errors import LeadError
 from lead.fitting import ProgressCallback, fit_procrustes, fit_ridge, fit_stitch
 from lead.metrics import (
+    cknna_score,
+    cycle_knn_score,
     linear_cka_score,
     mean_cosine_similarity,
     mean_rank_error,
     mean_squared_error,
     mutual_knn_score,
+    pwcca_score,
     r2_score,
+    svcca_score,
     top1_accuracy_score,
+    unbiased_cka_score,
 )
 from lead.retrieval import ndcg_at_k_score, rank_corpus, recall_at_k_score, retrieval_scores
 from lead.scorecard import RetrievalData, Scorecard, score_stitch
@@ -47,7 +52,9 @@ __all__ = [
     "StitchInfo",
     "__version__",
     "alignment_scores",
+    "cknna_score",
     "crossfit_retrieval",
+    "cycle_knn_score",
     "fit_procrustes",
     "fit_ridge",
     "fit_stitch",
@@ -61,6 +68,7 @@ __all__ = [
     "mutual_knn_score",
     "ndcg_at_k_score",
     "push_stitch",
+    "pwcca_score",
     "r2_score",
     "rank_corpus",
     "read_embeddings",
@@ -70,6 +78,8 @@ __all__ = [
     "save_stitch",
     "score_stitch",
     "stitch_class",
+    "svcca_score",
     "top1_accuracy_score",
     "train_mlp",
+    "unbiased_cka_score",
 ]

@@ -18,6 +18,7 @@ singular directions of each centred set and need more pairs than directions.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from numbers import Integral, Real
 from typing import TypeAlias
@@ -447,9 +448,12 @@ def mutual_knn_score(A: Matrix, B: Matrix, *, k: int = 10) -> float:
     k = _check_k(k, X.shape[0])
     if _is_constant(_unit_rows(X)) or _is_constant(_unit_rows(Y)):
         return 0.0
-    na, nb = _knn(X, k)[1], _knn(Y, k)[1]
+    return _mutual_knn(_knn(X, k)[1], _knn(Y, k)[1])
+
+
+def _mutual_knn(na: Tensor, nb: Tensor) -> float:
     shared = (na.unsqueeze(2) == nb.unsqueeze(1)).sum(dim=(1, 2))
-    return float(shared.double().mean() / k)
+    return float(shared.double().mean() / na.shape[1])
 
 
 def linear_cka_score(A: Matrix, B: Matrix) -> float:
@@ -690,7 +694,13 @@ def cknna_score(A: Matrix, B: Matrix, *, k: int = 10) -> float:
     k = _check_k(k, n, minimum=2)
     if _is_constant(_unit_rows(X)) or _is_constant(_unit_rows(Y)):
         return 0.0
-    (ka, na), (kb, nb) = _knn(X, k), _knn(Y, k)
+    return _cknna(_knn(X, k), _knn(Y, k))
+
+
+def _cknna(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> float:
+    """CKNNA from each side's k-NN ``(cosines, indices)``, both of shape (n, k)."""
+    (ka, na), (kb, nb) = a, b
+    n, k = na.shape
     rows = torch.arange(n, device=na.device).repeat_interleave(k)
     kk = _sparse_hsic(n, rows, na.reshape(-1), ka.reshape(-1), ka.reshape(-1))
     ll = _sparse_hsic(n, rows, nb.reshape(-1), kb.reshape(-1), kb.reshape(-1))
@@ -765,7 +775,11 @@ def cycle_knn_score(A: Matrix, B: Matrix, *, k: int = 10) -> float:
     k = _check_k(k, n)
     if _is_constant(_unit_rows(X)) or _is_constant(_unit_rows(Y)):
         return 0.0
-    na, nb = _knn(X, k)[1], _knn(Y, k)[1]
+    return _cycle_knn(_knn(X, k)[1], _knn(Y, k)[1])
+
+
+def _cycle_knn(na: Tensor, nb: Tensor) -> float:
+    n, k = na.shape
     items = torch.arange(n, device=na.device).unsqueeze(1)
     edges = torch.sort((items * n + na).reshape(-1)).values  # j -> l for l in N_A(j)
     back = (nb * n + items).reshape(-1)  # j -> i for j in N_B(i)
@@ -901,11 +915,18 @@ def svcca_score(A: Matrix, B: Matrix, *, keep: int | float = 10) -> float:
     """
     X, Y = _pair(A, B, ("A", "B"), same_dim=False)
     keep = _check_keep(keep)
-    (Ux, sx, _), (Uy, sy, _) = _singular_directions(X), _singular_directions(Y)
+    return _svcca(_singular_directions(X), _singular_directions(Y), keep)
+
+
+_Directions: TypeAlias = tuple[Tensor, Tensor, Tensor]
+
+
+def _svcca(x: _Directions, y: _Directions, keep: int | float) -> float:
+    (Ux, sx, _), (Uy, sy, _) = x, y
     if sx.numel() == 0 or sy.numel() == 0:
         return 0.0
     p, q = _kept(sx, keep), _kept(sy, keep)
-    _check_cca_pairs(X.shape[0], p, q)
+    _check_cca_pairs(Ux.shape[0], p, q)
     rho = torch.linalg.svdvals(Ux[:, :p].T @ Uy[:, :q]).clamp(0.0, 1.0)
     return float(rho.mean())
 
@@ -975,13 +996,42 @@ def pwcca_score(A: Matrix, B: Matrix) -> float:
     1.0
     """
     X, Y = _pair(A, B, ("A", "B"), same_dim=False)
-    (Ux, sx, Vx), (Uy, sy, Vy) = _singular_directions(X), _singular_directions(Y)
+    return _pwcca(_singular_directions(X), _singular_directions(Y))
+
+
+def _pwcca(x: _Directions, y: _Directions) -> float:
+    (Ux, sx, Vx), (Uy, sy, Vy) = x, y
     if sx.numel() == 0 or sy.numel() == 0:
         return 0.0
-    _check_cca_pairs(X.shape[0], sx.numel(), sy.numel())
+    _check_cca_pairs(Ux.shape[0], sx.numel(), sy.numel())
     if sy.numel() < sx.numel():  # weight by the side with fewer directions
         (Ux, sx, Vx), (Uy, sy, Vy) = (Uy, sy, Vy), (Ux, sx, Vx)
     P, rho, _ = torch.linalg.svd(Ux.T @ Uy, full_matrices=False)
     # <h_i, a_j> for h = U P and centred A = U S Vh: the rows of Pᵀ S Vh.
     alpha = (P.T @ (sx.unsqueeze(1) * Vx)).abs().sum(dim=1)
     return float((alpha * rho.clamp(0.0, 1.0)).sum() / alpha.sum())
+
+
+def _knn_scores(X: Tensor, Y: Tensor, k: int) -> dict[str, float]:
+    """:func:`mutual_knn_score`, :func:`cknna_score` and :func:`cycle_knn_score` (``X``
+    through ``Y``) of two validated sets, from one k-NN search per side (``2 <= k < n``)."""
+    if _is_constant(_unit_rows(X)) or _is_constant(_unit_rows(Y)):
+        return dict.fromkeys(("mutual_knn_score", "cknna_score", "cycle_knn_score"), 0.0)
+    a, b = _knn(X, k), _knn(Y, k)
+    return {
+        "mutual_knn_score": _mutual_knn(a[1], b[1]),
+        "cknna_score": _cknna(a, b),
+        "cycle_knn_score": _cycle_knn(a[1], b[1]),
+    }
+
+
+def _cca_scores(X: Tensor, Y: Tensor, *, keep: int | float = 10) -> dict[str, float | None]:
+    """:func:`svcca_score` and :func:`pwcca_score` of two validated sets from one SVD per
+    side; None for a score that has too few pairs for its directions."""
+    x, y = _singular_directions(X), _singular_directions(Y)
+    out: dict[str, float | None] = {"svcca_score": None, "pwcca_score": None}
+    with contextlib.suppress(TooFewPairsError):
+        out["svcca_score"] = _svcca(x, y, keep)
+    with contextlib.suppress(TooFewPairsError):
+        out["pwcca_score"] = _pwcca(x, y)
+    return out

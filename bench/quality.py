@@ -167,14 +167,32 @@ def _learning_point(
 
 
 def _alignment_pair(a: str, b: str) -> dict[str, Any]:
-    """Linear CKA and mutual kNN (k = 10) of two models over their shared documents."""
-    from lead.metrics import linear_cka_score, mutual_knn_score
+    """Representation-similarity scores of two models over their shared documents (k = 10,
+    SVCCA on 10 directions); the asymmetric ones again with the models swapped under
+    ``"reverse"``. A CCA score with too few documents for its directions is None."""
+    from lead import metrics
+    from lead.errors import TooFewPairsError
+
+    def cca(score: Any, A: Any, B: Any) -> float | None:
+        try:
+            return float(score(A, B))
+        except TooFewPairsError:
+            return None
 
     X, Y, ids = load_scifact().pair(a, b)
     return {
         "docs": len(ids),
-        "linear_cka_score": linear_cka_score(X, Y),
-        "mutual_knn_score": mutual_knn_score(X, Y, k=10),
+        "linear_cka_score": metrics.linear_cka_score(X, Y),
+        "unbiased_cka_score": metrics.unbiased_cka_score(X, Y),
+        "mutual_knn_score": metrics.mutual_knn_score(X, Y, k=10),
+        "cknna_score": metrics.cknna_score(X, Y, k=10),
+        "cycle_knn_score": metrics.cycle_knn_score(X, Y, k=10),
+        "svcca_score": cca(metrics.svcca_score, X, Y),
+        "pwcca_score": cca(metrics.pwcca_score, X, Y),
+        "reverse": {
+            "cycle_knn_score": metrics.cycle_knn_score(Y, X, k=10),
+            "pwcca_score": cca(metrics.pwcca_score, Y, X),
+        },
     }
 
 

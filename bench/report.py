@@ -643,32 +643,62 @@ def plot_curve(lc: Any) -> None:
 
 
 # ---------------------------------------------------------------- alignment
+#: Score key and panel title of each representation-similarity score (lead.metrics).
+ALIGNMENT_SCORES = (
+    ("linear_cka_score", "linear CKA"),
+    ("unbiased_cka_score", "unbiased CKA"),
+    ("mutual_knn_score", "mutual kNN (k=10)"),
+    ("cknna_score", "CKNNA (k=10)"),
+    ("cycle_knn_score", "cycle kNN (k=10), row → column"),
+    ("svcca_score", "SVCCA (10 directions)"),
+    ("pwcca_score", "PWCCA (row = A)"),
+)
+#: Scores that differ when the models are swapped; the rest are symmetric.
+ASYMMETRIC = ("cycle_knn_score", "pwcca_score")
+
+
+def _value(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
 def alignment_matrices(al: Any, q: Any) -> dict[str, np.ndarray]:
+    """One (models × models) matrix per score, [i, j] = score(A = row, B = column); a model
+    with itself is 1 (cycle kNN: not computed), a missing figure NaN."""
     k = len(MODELS)
-    cka, knn, r2 = np.eye(k), np.eye(k), np.full((k, k), np.nan)
-    for key, v in al["pairs"].items():
-        a, b = key.split("|")
-        i, j = MODELS.index(a), MODELS.index(b)
-        cka[i, j] = cka[j, i] = v["linear_cka_score"]
-        knn[i, j] = knn[j, i] = v["mutual_knn_score"]
-    for name in MODELS:
-        if name not in al["models"]:
-            cka[MODELS.index(name), :] = cka[:, MODELS.index(name)] = np.nan
-            knn[MODELS.index(name), :] = knn[:, MODELS.index(name)] = np.nan
+    mats: dict[str, np.ndarray] = {}
+    for key, title in ALIGNMENT_SCORES:
+        m = np.full((k, k), np.nan) if key == "cycle_knn_score" else np.eye(k)
+        for name in MODELS:
+            if name not in al["models"]:
+                m[MODELS.index(name), MODELS.index(name)] = np.nan
+        for pair, v in al["pairs"].items():
+            a, b = pair.split("|")
+            i, j = MODELS.index(a), MODELS.index(b)
+            m[i, j] = _value(v.get(key))  # results from before a score existed lack it
+            back = v.get("reverse", {}) if key in ASYMMETRIC else v
+            m[j, i] = _value(back.get(key))
+        mats[title] = m
+    r2 = np.full((k, k), np.nan)
     if q:
         for r in q["rows"]:
             i, j = MODELS.index(r["source"]), MODELS.index(r["target"])
             r2[i, j] = np.nanmax([r2[i, j], r["scorecard"]["r2_score"]])
-    return {"linear CKA": cka, "mutual kNN (k=10)": knn, "best stitch hold-out R²": r2}
+    mats["best stitch hold-out R²"] = r2
+    return mats
 
 
 def alignment_section(al: Any, q: Any) -> list[str]:
     mats = alignment_matrices(al, q)
     lines = ["## Alignment between the models", ""]
     lines.append(
-        "Linear CKA and mutual kNN (k = 10) of the native document vectors of each pair over "
-        "the documents both have (symmetric); best stitch R² = the highest hold-out R² of "
-        "any method for source (row) → target (column), from the quality table."
+        "Representation similarity of the native document vectors of each pair over the "
+        "documents both have, by `lead.metrics`: linear and unbiased CKA, mutual kNN, CKNNA "
+        "and cycle kNN (k = 10), SVCCA of the 10 leading singular directions and PWCCA of "
+        "all directions (– where there are too few documents for CCA of that many "
+        "directions). Cycle kNN (row → column) and PWCCA (row as A; the weights come from "
+        "the model with fewer directions) are not symmetric. Best stitch R² = the highest "
+        "hold-out R² of any method for source (row) → target (column), from the quality "
+        "table."
     )
     lines.append("")
     for title, m in mats.items():
@@ -682,9 +712,13 @@ def alignment_section(al: Any, q: Any) -> list[str]:
 
 def plot_alignment(al: Any, q: Any) -> None:
     mats = alignment_matrices(al, q)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
-    for ax, (title, m) in zip(axes, mats.items(), strict=True):
+    cols = 4
+    rows = -(-len(mats) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.3 * rows), squeeze=False)
+    for ax, (title, m) in zip(axes.flat, mats.items(), strict=False):
         _heat(ax, m, title)
+    for ax in list(axes.flat)[len(mats) :]:
+        ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(RESULTS / "alignment.png", dpi=110)
     plt.close(fig)

@@ -8,13 +8,18 @@ from lead.errors import LeadError
 from lead.fitting import ProgressCallback, fit_procrustes, fit_ridge, fit_stitch
 from lead.invertible import InvertibleConfig, train_invertible
 from lead.metrics import (
+    cknna_score,
+    cycle_knn_score,
     linear_cka_score,
     mean_cosine_similarity,
     mean_rank_error,
     mean_squared_error,
     mutual_knn_score,
+    pwcca_score,
     r2_score,
+    svcca_score,
     top1_accuracy_score,
+    unbiased_cka_score,
 )
 from lead.retrieval import ndcg_at_k_score, rank_corpus, recall_at_k_score, retrieval_scores
 from lead.scorecard import RetrievalData, Scorecard, round_trip_scores, score_stitch
@@ -51,7 +56,9 @@ __all__ = [
     "StitchInfo",
     "__version__",
     "alignment_scores",
+    "cknna_score",
     "crossfit_retrieval",
+    "cycle_knn_score",
     "fit_procrustes",
     "fit_ridge",
     "fit_stitch",
@@ -65,6 +72,7 @@ __all__ = [
     "mutual_knn_score",
     "ndcg_at_k_score",
     "push_stitch",
+    "pwcca_score",
     "r2_score",
     "rank_corpus",
     "read_embeddings",
@@ -75,7 +83,9 @@ __all__ = [
     "save_stitch",
     "score_stitch",
     "stitch_class",
+    "svcca_score",
     "top1_accuracy_score",
     "train_invertible",
     "train_mlp",
+    "unbiased_cka_score",
 ]

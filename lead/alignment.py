@@ -1,12 +1,14 @@
 """How alignable two embedding spaces are, from paired vectors alone (no stitch needed).
 
-:func:`alignment_scores` reports two representation-similarity scores (linear CKA and
-mutual k-NN) and the cross-validated R² of a ridge stitch: the share of the target space's
+:func:`alignment_scores` reports the representation-similarity scores of
+:mod:`lead.metrics` (linear and unbiased CKA; mutual k-NN, CKNNA and cycle k-NN; SVCCA and
+PWCCA) and the cross-validated R² of a ridge stitch: the share of the target space's
 variance that a linear map from the source space explains on pairs it did not see.
 """
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ from lead.splits import kfold_indices
 
 __all__ = ["alignment_scores"]
 
-#: Neighbourhood size of the mutual k-NN score (Huh et al. 2024).
+#: Default neighbourhood size of the k-NN scores (Huh et al. 2024).
 MUTUAL_KNN_K = 10
 
 
@@ -50,9 +52,16 @@ def _min_pairs_for(folds: int) -> int:
     return n
 
 
+def _check_int(value: object, name: str, minimum: int) -> int:
+    """``value`` as an int ``>= minimum``, else InvalidInputError naming it (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}", param=name)
+    if value < minimum:
+        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}", param=name)
+    return int(value)
+
+
 def _check_folds(n: int, folds: int) -> None:
-    if folds < 2:
-        raise InvalidInputError(f"folds must be at least 2, got {folds}", param="folds")
     needed = max(_min_pairs_for(folds), folds)
     if n < needed:
         raise TooFewPairsError(
@@ -76,7 +85,13 @@ def _check_varies(M: torch.Tensor, name: str, side: str) -> None:
 
 
 def alignment_scores(
-    X: Any, Y: Any, *, folds: int = 5, seed: int = 0, max_pairs: int | None = None
+    X: Any,
+    Y: Any,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    max_pairs: int | None = None,
+    k: int = MUTUAL_KNN_K,
 ) -> dict[str, Any]:
     r"""Alignment of two embedding spaces measured on paired vectors.
 
@@ -92,12 +107,18 @@ def alignment_scores(
         Seed of the subsample, the fold split and the ridge strength selection.
     max_pairs : int, optional
         Use a seeded random subset of this many pairs when ``n`` is larger (at least 4).
+    k : int, default 10
+        Neighbourhood size of the k-NN scores (at least 2); lowered to ``n - 2`` when there
+        are fewer pairs.
 
     Returns
     -------
     dict
-        ``{"pairs": rows used, "linear_cka_score": [0, 1], "mutual_knn_score": [0, 1],
-        "ridge_r2_score": (-inf, 1], "folds": folds}``; all best at 1.
+        ``{"pairs": rows used, "linear_cka_score": [0, 1], "unbiased_cka_score": [-1, 1],
+        "mutual_knn_score": [0, 1], "cknna_score": [-1, 1], "cycle_knn_score": [0, 1],
+        "svcca_score": [0, 1] or None, "pwcca_score": [0, 1] or None,
+        "ridge_r2_score": (-inf, 1], "folds": folds}``; all best at 1. The two CCA scores
+        are None when there are too few pairs for CCA (see Notes).
 
     Raises
     ------
@@ -105,9 +126,10 @@ def alignment_scores(
         Bad shapes, non-finite input, fewer than 4 pairs, or so few that a training fold
         (all pairs but one fold) has fewer than 4.
     InvalidInputError
-        If ``folds < 2`` or ``max_pairs < 4``, or if ``X`` or ``Y`` does not vary (total
-        variance zero up to rounding, e.g. all-zero or repeated rows): the scores would be
-        0 / 0.
+        If ``folds``, ``seed``, ``k`` or ``max_pairs`` is not an integer (a bool is not),
+        ``folds < 2``, ``seed < 0``, ``k < 2`` or ``max_pairs < 4``, or if ``X`` or ``Y``
+        does not vary (total variance zero up to rounding, e.g. all-zero or repeated
+        rows): the scores would be 0 / 0.
 
     Notes
     -----
@@ -116,7 +138,13 @@ def alignment_scores(
     \sum_f \lVert Y_{F_f} - \bar y_{-f}\rVert_F^2`, where :math:`s_{-f}` is a ridge stitch
     (strength chosen on its own training pairs) fitted without fold :math:`F_f` and
     :math:`\bar y_{-f}` that fold's training mean: pooled over folds, so 0 is the
-    mean-estimator baseline. ``mutual_knn_score`` uses ``k = min(10, n - 2)``.
+    mean-estimator baseline. The k-NN scores (:func:`~lead.metrics.mutual_knn_score`,
+    :func:`~lead.metrics.cknna_score`, :func:`~lead.metrics.cycle_knn_score` from ``X``
+    through ``Y``) share one neighbour search per side with ``min(k, n - 2)`` neighbours.
+    :func:`~lead.metrics.svcca_score` keeps 10 singular directions per side and
+    :func:`~lead.metrics.pwcca_score` all of them; each is None when ``n`` is not larger
+    than the directions of both sides together (e.g. 384- and 768-dimensional vectors need
+    at least 1,153 pairs for PWCCA), where CCA gives correlations of 1 by construction.
 
     References
     ----------
@@ -124,6 +152,11 @@ def alignment_scores(
        ICML 2019, arXiv:1905.00414.
     .. [2] M. Huh et al., "The Platonic Representation Hypothesis", ICML 2024,
        arXiv:2405.07987.
+    .. [3] T. Nguyen, M. Raghu, S. Kornblith, "Do Wide and Deep Networks Learn the Same
+       Things?", ICLR 2021, arXiv:2010.15327.
+    .. [4] M. Raghu et al., "SVCCA", NeurIPS 2017, arXiv:1706.05806; A. Morcos, M. Raghu,
+       S. Bengio, "Insights on representational similarity in neural networks with
+       canonical correlation", NeurIPS 2018, arXiv:1806.05759.
 
     Examples
     --------
@@ -136,20 +169,20 @@ def alignment_scores(
     (60, 1.0)
     >>> round(s["linear_cka_score"], 6), round(s["ridge_r2_score"], 6)
     (1.0, 1.0)
+    >>> [round(s[key], 6) for key in ("unbiased_cka_score", "svcca_score", "pwcca_score")]
+    [1.0, 1.0, 1.0]
     """
     A, B = check_pairs(X, Y)
+    folds = _check_int(folds, "folds", 2)
+    seed = _check_int(seed, "seed", 0)
+    k = _check_int(k, "k", 2)
     if max_pairs is not None:
-        if max_pairs < metrics.MIN_PAIRS:
-            raise InvalidInputError(
-                f"max_pairs must be at least {metrics.MIN_PAIRS}, got {max_pairs}",
-                param="max_pairs",
-            )
+        max_pairs = _check_int(max_pairs, "max_pairs", metrics.MIN_PAIRS)
         if A.shape[0] > max_pairs:
             keep = np.sort(np.random.default_rng(seed).permutation(A.shape[0])[:max_pairs])
             rows = torch.from_numpy(keep).to(A.device)
             A, B = A[rows], B[rows]
     n = A.shape[0]
-    folds = int(folds)
     _check_folds(n, folds)
     _check_varies(A, "X", "source")
     _check_varies(B, "Y", "target")
@@ -157,7 +190,9 @@ def alignment_scores(
     return {
         "pairs": n,
         "linear_cka_score": metrics.linear_cka_score(A, B),
-        "mutual_knn_score": metrics.mutual_knn_score(A, B, k=max(1, min(MUTUAL_KNN_K, n - 2))),
+        "unbiased_cka_score": metrics.unbiased_cka_score(A, B),
+        **metrics._knn_scores(A, B, min(k, n - 2)),
+        **metrics._cca_scores(A, B),
         "ridge_r2_score": ridge_r2,
-        "folds": int(folds),
+        "folds": folds,
     }

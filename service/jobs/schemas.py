@@ -327,7 +327,29 @@ class AlignResponse(BaseModel):
     object: Literal["alignment"] = "alignment"
     pairs: int
     linear_cka_score: float = Field(description="Linear CKA (Kornblith et al. 2019), 0..1.")
-    mutual_knn_score: float = Field(description="Mutual k-NN overlap (Huh et al. 2024), 0..1.")
+    unbiased_cka_score: float = Field(
+        description="Linear CKA with the unbiased HSIC estimator (Song et al. 2012; Nguyen "
+        "et al. 2021), -1..1; about 0 for unrelated sets at any n."
+    )
+    mutual_knn_score: float = Field(
+        description="Mutual k-NN overlap, k = 10 (Huh et al. 2024), 0..1."
+    )
+    cknna_score: float = Field(
+        description="CKNNA: unbiased CKA over mutual 10-NN pairs (Huh et al. 2024), -1..1."
+    )
+    cycle_knn_score: float = Field(
+        description="Cycle 10-NN: share of items that a 10-NN step in the target space and "
+        "one back in the source space can return to (Huh et al. 2024), 0..1."
+    )
+    svcca_score: float | None = Field(
+        description="SVCCA: mean canonical correlation of the 10 leading singular directions "
+        "of each side (Raghu et al. 2017), 0..1; null unless there are more pairs than the "
+        "directions kept on both sides together (at most 20)."
+    )
+    pwcca_score: float | None = Field(
+        description="Projection-weighted CCA of all directions (Morcos et al. 2018), 0..1; "
+        "null unless there are more pairs than the two sides' dimensions together."
+    )
     ridge_r2_score: float = Field(
         description="Cross-validated ridge R², the 'alignability' (1 best; ≤ 0 no better than "
         "the mean)."

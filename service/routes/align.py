@@ -27,5 +27,6 @@ router = APIRouter(tags=["align"])
     summary="Score the alignment of two paired embedding sets",
 )
 def align(body: AlignRequest, jobs: JobsDep) -> dict[str, Any]:
-    """Linear CKA, mutual k-NN and cross-validated ridge R² ("alignability") of the pairs."""
+    """Representation similarity (linear and unbiased CKA, mutual k-NN, CKNNA, cycle k-NN,
+    SVCCA, PWCCA) and cross-validated ridge R² ("alignability") of the pairs."""
     return jobs.align(body)

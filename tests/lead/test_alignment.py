@@ -9,10 +9,22 @@ import numpy as np
 import pytest
 
 import lead.alignment as la
+from lead import metrics
 from lead.alignment import alignment_scores
 from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError, TooFewPairsError
 
-KEYS = ["pairs", "linear_cka_score", "mutual_knn_score", "ridge_r2_score", "folds"]
+KEYS = [
+    "pairs",
+    "linear_cka_score",
+    "unbiased_cka_score",
+    "mutual_knn_score",
+    "cknna_score",
+    "cycle_knn_score",
+    "svcca_score",
+    "pwcca_score",
+    "ridge_r2_score",
+    "folds",
+]
 
 
 def test_doctests() -> None:
@@ -28,6 +40,9 @@ def test_identical_and_linearly_related_sets_score_one() -> None:
     assert same["pairs"] == 120 and same["folds"] == 5
     assert same["linear_cka_score"] == pytest.approx(1.0)
     assert same["mutual_knn_score"] == 1.0
+    for key in ("unbiased_cka_score", "cknna_score", "svcca_score", "pwcca_score"):
+        assert same[key] == pytest.approx(1.0), key
+    assert 0.5 < same["cycle_knn_score"] <= 1.0  # k-NN is not symmetric: below 1 even here
     assert same["ridge_r2_score"] == pytest.approx(1.0, abs=1e-6)
     mixed = alignment_scores(X, X @ rng.normal(size=(6, 9)) + 5.0)  # any linear map, wider
     assert mixed["ridge_r2_score"] == pytest.approx(1.0, abs=1e-6)
@@ -39,6 +54,9 @@ def test_unrelated_sets_are_not_alignable() -> None:
     assert out["folds"] == 3
     assert -0.2 < out["ridge_r2_score"] < 0.05
     assert out["linear_cka_score"] < 0.1 and out["mutual_knn_score"] < 0.15
+    assert abs(out["unbiased_cka_score"]) < 0.05 and abs(out["cknna_score"]) < 0.1
+    # CCA of 8 + 8 directions on 300 pairs: only chance correlations, about sqrt(8 / 300).
+    assert out["svcca_score"] < 0.25 and out["pwcca_score"] < 0.25
 
 
 def test_real_models_are_partly_alignable(scifact_small: Any) -> None:
@@ -49,6 +67,9 @@ def test_real_models_are_partly_alignable(scifact_small: Any) -> None:
     assert 0.2 < out["ridge_r2_score"] < 0.95
     assert 0.5 < out["linear_cka_score"] < 1.0
     assert 0.2 < out["mutual_knn_score"] < 1.0
+    for key in ("unbiased_cka_score", "cknna_score", "svcca_score"):
+        assert 0.2 < out[key] < 1.0, key
+    assert out["pwcca_score"] is None  # ~380 + 384 directions, 300 pairs: CCA is undefined
     # The same pair with the rows shuffled apart has nothing left to align (CKA keeps a
     # small-sample bias: 0.18 here).
     shuffled = alignment_scores(X, Y[np.random.default_rng(0).permutation(400)], max_pairs=300)
@@ -82,6 +103,33 @@ def test_errors() -> None:
         alignment_scores(X, X, folds=1)
     with pytest.raises(InvalidInputError):
         alignment_scores(X, X, max_pairs=3)
+
+
+@pytest.mark.parametrize("name", ["folds", "seed", "k", "max_pairs"])
+@pytest.mark.parametrize("value", [True, None, 2.0, 3.5, "5", -1])
+def test_integer_options_are_validated(name: str, value: Any) -> None:
+    X = np.random.default_rng(3).normal(size=(20, 3))
+    if name == "max_pairs" and value is None:
+        return  # None means "all pairs"
+    with pytest.raises(InvalidInputError) as info:
+        alignment_scores(X, X, **{name: value})
+    assert info.value.param == name
+
+
+def test_scores_are_the_metrics_of_the_same_pairs() -> None:
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 5))
+    Y = X @ rng.normal(size=(5, 3)) + 0.7 * rng.normal(size=(40, 3))
+    out = alignment_scores(X, Y, k=4)
+    assert out["unbiased_cka_score"] == metrics.unbiased_cka_score(X, Y)
+    assert out["mutual_knn_score"] == metrics.mutual_knn_score(X, Y, k=4)
+    assert out["cknna_score"] == metrics.cknna_score(X, Y, k=4)
+    assert out["cycle_knn_score"] == metrics.cycle_knn_score(X, Y, k=4)
+    assert out["svcca_score"] == metrics.svcca_score(X, Y)  # 5 + 3 directions < 40 pairs
+    assert out["pwcca_score"] == metrics.pwcca_score(X, Y)
+    small = alignment_scores(X[:8], Y[:8], folds=2)  # k = 10 lowered to n - 2 = 6
+    assert small["cknna_score"] == metrics.cknna_score(X[:8], Y[:8], k=6)
+    assert small["svcca_score"] is None and small["pwcca_score"] is None  # 5 + 3 >= 8
 
 
 def test_too_few_pairs_per_training_fold_is_refused_up_front() -> None:

@@ -32,7 +32,11 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 def _close(got: dict[str, Any], expected: dict[str, Any]) -> None:
     assert got["object"] == "alignment"
-    assert {k: v for k, v in got.items() if k != "object"} == pytest.approx(expected, rel=1e-9)
+    assert set(got) == {"object", *expected}
+    undefined = {k for k, v in expected.items() if v is None}  # a CCA score with too few pairs
+    assert {k for k, v in got.items() if v is None} == undefined
+    defined = {k: v for k, v in got.items() if k != "object" and k not in undefined}
+    assert defined == pytest.approx({k: expected[k] for k in defined}, rel=1e-9)
 
 
 def test_align_inline_pairs(client: TestClient, scifact_small: Any) -> None:
@@ -41,6 +45,9 @@ def test_align_inline_pairs(client: TestClient, scifact_small: Any) -> None:
     assert r.status_code == 200, r.text
     _close(r.json(), alignment_scores(X, Y, folds=3, seed=0))
     assert r.json()["pairs"] == 60 and 0 < r.json()["linear_cka_score"] <= 1
+    for key in ("unbiased_cka_score", "cknna_score", "cycle_knn_score", "svcca_score"):
+        assert 0 < r.json()[key] <= 1, key
+    assert r.json()["pwcca_score"] is None  # 59 + 59 directions, 60 pairs: CCA is undefined
 
 
 def test_align_a_dataset_beyond_the_cap_uses_a_seeded_subset(
@@ -59,6 +66,8 @@ def test_align_a_dataset_beyond_the_cap_uses_a_seeded_subset(
     worse = client.post("/v1/align", json=shuffled_body).json()
     assert r.json()["ridge_r2_score"] > 0.1 > worse["ridge_r2_score"]
     assert r.json()["mutual_knn_score"] > worse["mutual_knn_score"]
+    for key in ("unbiased_cka_score", "cknna_score", "cycle_knn_score", "svcca_score"):
+        assert r.json()[key] > worse[key], key
 
 
 def _nan(rows: np.ndarray) -> list[list[float]]:

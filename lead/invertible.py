@@ -18,12 +18,13 @@ from torch import Tensor
 
 from lead._validation import check_config_fields, check_device, check_pairs
 from lead.errors import FitError, InvalidInputError
-from lead.fitting import ProgressCallback
+from lead.fitting import ProgressCallback, fit_ridge
 from lead.splits import holdout_split
-from lead.stitches import InvertibleStitch, unit_rows
+from lead.stitches import InvertibleStitch, _Coupling, unit_rows
 
 __all__ = ["COVARIANCE_REGS", "InvertibleConfig", "train_invertible"]
 
+INITS = ("ridge-features", "zero")
 #: Covariance regularisations tried for the linear start when none is given.
 COVARIANCE_REGS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
 
@@ -59,6 +60,15 @@ class InvertibleConfig:
         With unit-length outputs, the weight of :math:`(\\lVert \\hat y \\rVert - 1)^2`,
         which keeps the unnormalised outputs near unit length so that normalising them
         loses almost nothing of a round trip.
+    init : {"ridge-features", "zero"}
+        How the coupling layers start. ``"zero"``: as the identity (the stitch starts as its
+        linear part). ``"ridge-features"`` (default): layer by layer, the first layer's
+        units are centred on training vectors of the conditioning half (weight
+        ``init_scale * c / (|c| r)`` with ``r`` the median row norm, bias
+        ``-init_scale * init_offset``) and the shift's output layer is solved by ridge on
+        what is left of the target, as :class:`lead.training.MLPConfig` does for the MLP.
+    init_scale, init_offset : float
+        Sharpness and threshold of the ``ridge-features`` units.
     min_singular_ratio : float
         Singular values of the starting linear map are raised to at least this fraction of
         the largest (a safety net: the balanced start is already well conditioned).
@@ -82,6 +92,9 @@ class InvertibleConfig:
     norm_weight: float = 1.0
     covariance_reg: float | None = None
     min_singular_ratio: float = 1e-3
+    init: str = "ridge-features"
+    init_scale: float = 2.0
+    init_offset: float = 0.3
     batch_size: int = 256
     max_epochs: int = 30
     patience: int = 4
@@ -92,7 +105,9 @@ class InvertibleConfig:
     def __post_init__(self) -> None:
         check_config_fields(
             self,
-            zero_ok=frozenset({"coupling_layers", "weight_decay", "inverse_weight", "norm_weight"}),
+            zero_ok=frozenset(
+                {"coupling_layers", "weight_decay", "inverse_weight", "norm_weight", "init_offset"}
+            ),
         )
         if self.holdout_fraction >= 1:
             raise InvalidInputError("holdout_fraction must be below 1", param="holdout_fraction")
@@ -102,6 +117,10 @@ class InvertibleConfig:
         ):
             raise InvalidInputError(
                 "covariance_reg must be a finite number > 0, or null", param="covariance_reg"
+            )
+        if self.init not in INITS:
+            raise InvalidInputError(
+                f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"
             )
         if self.inverse_weight > 1:
             raise InvalidInputError("inverse_weight must be <= 1", param="inverse_weight")
@@ -188,6 +207,38 @@ def _set_linear(
     model.log_scale.copy_(diag.abs().clamp_min(1e-12).log())
     model.source_mean.copy_(mean_x)
     model.target_mean.copy_(mean_y)
+
+
+@torch.no_grad()
+def _init_couplings(
+    model: InvertibleStitch, X: Tensor, Y: Tensor, config: InvertibleConfig
+) -> None:
+    """Solve each coupling's shift in closed form on random features (``ridge-features``).
+
+    Layer by layer: the pairs run through the stitch so far, the shift network's units are
+    centred on training rows of its conditioning half, and its output layer is the ridge
+    fit (strength chosen on held-out pairs by :func:`lead.fitting.fit_ridge`) of the free
+    half of what the target still lacks.
+    """
+    generator = torch.Generator().manual_seed(config.seed)
+    z = model._pad(X.float() - model.source_mean) @ model.linear_weight().T
+    target = model._pad(Y.float() - model.target_mean)
+    for coupling in model.couplings:
+        assert isinstance(coupling, _Coupling)
+        first, _, last = coupling.net
+        assert isinstance(first, torch.nn.Linear) and isinstance(last, torch.nn.Linear)
+        cond = z[:, coupling.cond]
+        rows = torch.randint(cond.shape[0], (config.hidden_dim,), generator=generator)
+        centres = torch.nn.functional.normalize(cond[rows], dim=1)
+        radius = float(cond.norm(dim=1).median().clamp_min(1e-12))
+        first.weight.copy_(config.init_scale * centres / radius)
+        first.bias.fill_(-config.init_scale * config.init_offset)
+        features = coupling.net[:2](cond).double()
+        free = z.shape[1] - cond.shape[1]
+        ridge = fit_ridge(features, (target - z)[:, coupling.free].double(), seed=config.seed)
+        last.weight[free:].copy_(ridge.weight)
+        last.bias[free:].copy_(ridge.target_mean - ridge.weight @ ridge.source_mean)
+        z = coupling(z)
 
 
 def _side_loss(raw: Tensor, target: Tensor, normalize: bool, norm_weight: float) -> Tensor:
@@ -316,7 +367,11 @@ def train_invertible(
     reg = min(regs, key=lambda r: (start_losses[r], -r))
     if reg != regs[-1]:
         _set_linear(model, X[train_idx], Y[train_idx], config, reg)
-    best_loss = init_loss = start_losses[reg]
+    init_loss = start_losses[reg]
+    if config.init == "ridge-features" and config.coupling_layers > 0:
+        _init_couplings(model, X_train, Y_train, config)
+        init_loss = evaluate()
+    best_loss = init_loss
     best_state = copy.deepcopy(model.state_dict())
     best_epoch, epoch, stale = 0, 0, 0
     for epoch in range(1, config.max_epochs + 1):

@@ -2,6 +2,10 @@
 
     .venv/bin/python models/build.py [--data ../shared/data] [--only minilm-to-mpnet]
 
+``EXTRAS`` are bundled beside the chosen stitches without competing with them (the
+invertible minilm → pml3 stitch, which also runs backwards); ``models/extras.json``
+records their scorecards.
+
 For every stitch below, the training data is, in this order (``--holdout-from 1``):
 
 1. the SciFact documents that both models have (all 5,183; 2,560 when mpnet is one of them),
@@ -53,6 +57,11 @@ CANDIDATES = {
 #: file stems of the three training parts, as recorded in each stitch's config and card
 PARTS = {"docs": "scifact-docs", "queries": "scifact-train-queries", "sts": "stsb-sentences"}
 MIN_GAIN = 0.02
+#: Bundled beside the chosen stitches: id -> (source key, target key, method, options).
+#: The invertible stitch serves ``"direction": "inverse"`` (pml3 -> minilm) as well.
+EXTRAS = {
+    "minilm-to-pml3-invertible": ("minilm", "pml3", "invertible", {"max_epochs": 10}),
+}
 HOLDOUT, SEED = 0.2, 0
 
 
@@ -84,8 +93,10 @@ def scifact_pairs(data: Path, src: str, tgt: str) -> dict[str, object]:
     return out
 
 
-def fit_candidate(work: Path, stitch_id: str, src: str, tgt: str, name: str) -> dict[str, object]:
-    method, options = CANDIDATES[name]
+def fit_candidate(
+    work: Path, stitch_id: str, src: str, tgt: str, name: str, how: tuple[str, dict] | None = None
+) -> dict[str, object]:
+    method, options = how if how is not None else CANDIDATES[name]
     out = work / name / stitch_id  # the folder name is the stitch id in the card
     cmd = [sys.executable, "-m", "lead.cli", "fit", "--method", method]
     for part in ("docs", "queries", "sts"):  # relative names: they are recorded in the card
@@ -105,16 +116,34 @@ def fit_candidate(work: Path, stitch_id: str, src: str, tgt: str, name: str) -> 
             "options": options}  # fmt: skip
 
 
+def write_pairs(work: Path, data: Path, src: str, tgt: str) -> None:
+    """The row-aligned training files that the ``lead fit`` commands name."""
+    pairs = scifact_pairs(data, src, tgt)
+    (work / "scifact-doc-ids.json").write_text(json.dumps(pairs.pop("doc_ids")))
+    for name, array in pairs.items():
+        side, part = name.split("_")
+        path = work / f"{PARTS[part]}.{src if side == 'source' else tgt}.npy"
+        np.save(path, np.ascontiguousarray(array, dtype=np.float32))
+
+
+def build_extra(data: Path, stitch_id: str, extras: dict[str, object]) -> None:
+    src, tgt, method, options = EXTRAS[stitch_id]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_pairs(work, data, src, tgt)
+        result = fit_candidate(work, stitch_id, src, tgt, method, (method, options))
+        target = MODELS_DIR / stitch_id
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(result["folder"], target)  # type: ignore[arg-type]
+        extras[stitch_id] = {k: v for k, v in result.items() if k != "folder"}
+        print(f"{stitch_id}: built", flush=True)
+
+
 def build(data: Path, stitch_id: str, candidates: dict[str, object]) -> None:
     src, tgt = STITCHES[stitch_id]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pairs = scifact_pairs(data, src, tgt)
-        (work / "scifact-doc-ids.json").write_text(json.dumps(pairs.pop("doc_ids")))
-        for name, array in pairs.items():
-            side, part = name.split("_")
-            path = work / f"{PARTS[part]}.{src if side == 'source' else tgt}.npy"
-            np.save(path, np.ascontiguousarray(array, dtype=np.float32))
+        write_pairs(work, data, src, tgt)
         results = {name: fit_candidate(work, stitch_id, src, tgt, name) for name in CANDIDATES}
         best = None
         for name, result in results.items():  # smallest first
@@ -142,11 +171,17 @@ def build(data: Path, stitch_id: str, candidates: dict[str, object]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=MODELS_DIR.parent.parent / "shared" / "data")
-    parser.add_argument("--only", action="append", choices=sorted(STITCHES))
+    parser.add_argument("--only", action="append", choices=sorted(STITCHES) + sorted(EXTRAS))
     args = parser.parse_args()
     record = MODELS_DIR / "candidates.json"
     candidates = json.loads(record.read_text()) if record.exists() else {}
-    for stitch_id in args.only or STITCHES:
+    extras_record = MODELS_DIR / "extras.json"
+    extras = json.loads(extras_record.read_text()) if extras_record.exists() else {}
+    for stitch_id in args.only or [*STITCHES, *EXTRAS]:
+        if stitch_id in EXTRAS:
+            build_extra(args.data, stitch_id, extras)
+            extras_record.write_text(json.dumps(extras, indent=1, sort_keys=True) + "\n")
+            continue
         build(args.data, stitch_id, candidates)
         record.write_text(json.dumps(candidates, indent=1, sort_keys=True) + "\n")
 

@@ -148,6 +148,13 @@ def test_save_and_load_keep_both_directions(trained: Any, tmp_path: Path) -> Non
             torch.testing.assert_close(loaded.inverse(y), stitch.inverse(y), rtol=0, atol=tol)
 
 
+def test_ridge_features_start_beats_the_linear_start(scifact_small: Any) -> None:
+    X, Y, _, _ = _split(scifact_small, "minilm", "pml3")
+    plain = train_invertible(X, Y, InvertibleConfig(max_epochs=1, init="zero"))
+    features = train_invertible(X, Y, InvertibleConfig(max_epochs=1))
+    assert features.info.fit["init_holdout_loss"] < plain.info.fit["init_holdout_loss"]
+
+
 def test_training_reports_and_is_deterministic(scifact_small: Any) -> None:
     X, Y, _, _ = _split(scifact_small, "minilm", "pml3")
     stages: list[tuple[str, int, int]] = []
@@ -174,6 +181,9 @@ def test_training_reports_and_is_deterministic(scifact_small: Any) -> None:
         ({"min_singular_ratio": 1.0}, "min_singular_ratio"),
         ({"holdout_fraction": 1.0}, "holdout_fraction"),
         ({"device": "tpu9"}, "device"),
+        ({"init": "random"}, "init"),
+        ({"covariance_reg": 0}, "covariance_reg"),
+        ({"covariance_reg": "1e-2"}, "covariance_reg"),
         ({"hidden": 3}, "hidden"),
     ],
 )

@@ -124,6 +124,57 @@ def out_of_domain(candidates: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def extras(records: dict[str, dict], candidates: dict[str, dict]) -> str:
+    """The extra bundled stitches beside the chosen stitch of the same pair."""
+    lines = [
+        _row(["stitch", "method", "pool", *[label for _, label in CORE], "same pair, bundled"]),
+        _row(["---"] * (4 + len(CORE))),
+    ]
+    for stitch_id, record in sorted(records.items()):
+        card = record["scorecard"]
+        base_id = stitch_id.rsplit("-", 1)[0]
+        chosen = candidates.get(base_id, {})
+        base = chosen.get("candidates", {}).get(chosen.get("chosen"), {}).get("scorecard")
+        versus = f"{base_id}: R² {base['r2_score']:.3f}" if base else "—"
+        lines.append(
+            _row(
+                [
+                    stitch_id,
+                    str(record["method"]),
+                    str(card["pool_size"]),
+                    *[f"{card[key]:.3f}" for key, _ in CORE],
+                    versus,
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def round_trips(results: dict[str, dict]) -> str:
+    lines = [
+        _row(["there → back", "documents", "mean cosine", "top-1", "mean squared error"]),
+        _row(["---"] * 5),
+    ]
+    for route, r in sorted(results.items()):
+        lines.append(
+            _row(
+                [
+                    route,
+                    str(r["documents"]),
+                    f"{r['round_trip_mean_cosine_similarity']:.4f}",
+                    f"{r['round_trip_top1_accuracy_score']:.3f}",
+                    f"{r['round_trip_mean_squared_error']:.2e}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def _json(name: str) -> dict[str, dict]:
+    path = MODELS_DIR / name
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def main() -> None:
     candidates = json.loads((MODELS_DIR / "candidates.json").read_text())
     results_path = MODELS_DIR / "retrieval.json"
@@ -132,7 +183,9 @@ def main() -> None:
     text = template.format(
         scorecards=scorecards(candidates),
         retrieval=retrieval(results) if results else "(run models/evaluate.py)",
-        out_of_domain=out_of_domain(candidates),
+        out_of_domain=out_of_domain({**candidates, **_json("extras.json")}),
+        extras=extras(_json("extras.json"), candidates),
+        round_trips=round_trips(_json("round_trip.json")) or "(run models/round_trip.py)",
         min_gain=MIN_GAIN,
     )
     (MODELS_DIR / "README.md").write_text(text)

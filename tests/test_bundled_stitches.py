@@ -103,3 +103,48 @@ def test_minilm_to_mpnet_meets_its_held_out_claims(shared_data: Path) -> None:
     assert card["r2_score"] >= 0.35
     assert abs(card["baselines"]["mean_estimator"]["r2_score"]) < 0.05
     assert card["r2_score"] == pytest.approx(config["scorecard"]["r2_score"], abs=0.02)
+
+
+@pytest.mark.shared
+def test_invertible_stitch_meets_its_claims(shared_data: Path) -> None:
+    from lead import InvertibleStitch, round_trip_scores
+
+    inverse_id, bundled_id = "minilm-to-pml3-invertible", "minilm-to-pml3"
+    held_out = read_stitch_config(MODELS / inverse_id)["fit"]["holdout"]["ids"]
+    assert held_out == read_stitch_config(MODELS / bundled_id)["fit"]["holdout"]["ids"]
+    X = _scifact_docs(shared_data, "minilm", held_out)
+    Y = _scifact_docs(shared_data, "pml3", held_out)
+    inverse, bundled = load_stitch(MODELS / inverse_id), load_stitch(MODELS / bundled_id)
+    assert isinstance(inverse, InvertibleStitch)
+    mean = bundled.target_mean.numpy()  # one R² reference for both
+    r2 = score_stitch(inverse, X, Y, target_train_mean=mean).r2_score
+    bundled_r2 = score_stitch(bundled, X, Y, target_train_mean=mean).r2_score
+    assert r2 >= bundled_r2 - 0.05, (r2, bundled_r2)
+    with torch.no_grad():
+        x = torch.from_numpy(X)
+        back = inverse.inverse(inverse(x))
+        cosine = torch.nn.functional.cosine_similarity(back, x)
+    assert float(cosine.min()) >= 0.99
+    trip = round_trip_scores(inverse, X)
+    assert trip["round_trip_top1_accuracy_score"] == 1.0
+    # the inverse also translates native pml3 vectors back: each finds its own document
+    with torch.no_grad():
+        X_from_Y = inverse.inverse(torch.from_numpy(Y))
+    from lead.metrics import top1_accuracy_score
+
+    assert top1_accuracy_score(X_from_Y, X) >= 0.9
+
+
+@pytest.mark.shared
+def test_bundled_pairs_round_trip(shared_data: Path) -> None:
+    from lead import round_trip_scores
+
+    held_out = read_stitch_config(MODELS / "minilm-to-mpnet")["fit"]["holdout"]["ids"]
+    X = _scifact_docs(shared_data, "minilm", held_out)
+    there, back = load_stitch(MODELS / "minilm-to-mpnet"), load_stitch(MODELS / "mpnet-to-minilm")
+    trip = round_trip_scores(there, X, reverse=back)
+    recorded = json.loads((MODELS / "round_trip.json").read_text())
+    claim = recorded["minilm-to-mpnet → mpnet-to-minilm"]
+    for key in ("round_trip_mean_cosine_similarity", "round_trip_top1_accuracy_score"):
+        assert trip[key] == pytest.approx(claim[key], abs=1e-6)
+    assert trip["round_trip_top1_accuracy_score"] >= 0.95

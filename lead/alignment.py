@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lead import metrics
+from lead import metrics, similarity
 from lead._validation import check_pairs
 from lead.errors import InvalidInputError, TooFewPairsError
 from lead.fitting import fit_ridge
@@ -191,8 +191,8 @@ def alignment_scores(
         "pairs": n,
         "linear_cka_score": metrics.linear_cka_score(A, B),
         "unbiased_cka_score": metrics.unbiased_cka_score(A, B),
-        **metrics._knn_scores(A, B, min(k, n - 2)),
-        **metrics._cca_scores(A, B),
+        **similarity._knn_scores(A, B, min(k, n - 2)),
+        **similarity._cca_scores(A, B),
         "ridge_r2_score": ridge_r2,
         "folds": folds,
     }

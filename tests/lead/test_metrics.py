@@ -5,12 +5,15 @@ from __future__ import annotations
 import doctest
 import math
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-import lead.metrics as lm
+import lead._metric_inputs as lm
+import lead.metrics
+import lead.similarity
 from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError, TooFewPairsError
 from lead.metrics import (
     linear_cka_score,
@@ -44,8 +47,9 @@ PAIRED = {
 }
 
 
-def test_doctests() -> None:
-    result = doctest.testmod(lm)
+@pytest.mark.parametrize("module", [lead.metrics, lead.similarity])
+def test_doctests(module: Any) -> None:
+    result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
 
 

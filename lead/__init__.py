@@ -1,6 +1,7 @@
 """LEAD: learn stitches between embedding spaces, score their alignment, translate vectors."""
 
 from lead.alignment import alignment_scores
+from lead.anchors import fit_anchors
 from lead.artifacts import load_stitch, push_stitch, read_stitch_config, save_stitch
 from lead.crossfit import crossfit_retrieval
 from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
@@ -28,6 +29,7 @@ from lead.stitches import (
     stitch_class,
 )
 from lead.training import MLPConfig, train_mlp
+from lead.unsupervised import fit_unsupervised
 
 __version__ = "0.1.0"
 
@@ -48,9 +50,11 @@ __all__ = [
     "__version__",
     "alignment_scores",
     "crossfit_retrieval",
+    "fit_anchors",
     "fit_procrustes",
     "fit_ridge",
     "fit_stitch",
+    "fit_unsupervised",
     "holdout_split",
     "kfold_indices",
     "linear_cka_score",

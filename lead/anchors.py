@@ -85,8 +85,12 @@ def fit_anchors(
     :math:`\hat y = D A (x - \mu_x) + \mu_y`. Compared with ridge on the same pairs,
     :math:`W = B^\top (R + \alpha' k I)^{-1} A`, the spectral filter
     :math:`\lambda / (\lambda^2 + c)` shrinks the weak directions harder and the strong
-    ones less; on real SciFact anchors this retrieves better than ridge whose strength is
-    chosen for mean squared error (``bench/zeroshot.py``).
+    ones less. Measured (``bench/results/zeroshot.json``, all-MiniLM-L6-v2 →
+    paraphrase-MiniLM-L3-v2, SciFact): with k = 100 / 300 / 1000 anchors, top-1 among 1,000
+    held-out documents 0.50 / 0.81 / 0.94 against 0.30 / 0.70 / 0.90 for
+    :func:`~lead.fitting.fit_ridge` (strength chosen for squared error) on the same pairs,
+    and better document-side nDCG@10, at a lower R² (0.09 / 0.20 / 0.36 against
+    0.21 / 0.31 / 0.40).
 
     References
     ----------

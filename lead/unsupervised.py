@@ -41,6 +41,13 @@ def _sample(n: int, size: int, rng: np.random.Generator) -> Tensor:
     return torch.from_numpy(rows)
 
 
+def _neighbour_mean(neighbours: Tensor, Z: Tensor) -> Tensor:
+    """Row ``i``: the mean of the rows ``neighbours[i]`` of ``Z`` (an averaging matmul)."""
+    weights = torch.zeros(neighbours.shape[0], Z.shape[0], dtype=Z.dtype)
+    weights.scatter_(1, neighbours, 1.0 / neighbours.shape[1])
+    return torch.matmul(weights, Z)
+
+
 def _mutual_best(S: Tensor) -> tuple[Tensor, Tensor]:
     """Row indices ``i`` and columns ``j`` where ``S[i, j]`` is best in its row and column."""
     best_col = S.argmax(dim=1)
@@ -124,7 +131,7 @@ def fit_unsupervised(
         ``>= 1``; the count falls linearly to 1 over the rounds.
     refine_size : int, default 4000
         Rows drawn from each side for the refinement (all when fewer), ``>= 8``; memory
-        grows as ``refine_size**2``.
+        grows as ``refine_size**2`` (about 260 MB at 4000).
     seed : int, default 0
         Seed of the row samples.
 
@@ -176,6 +183,12 @@ def fit_unsupervised(
     3. The stitch is :math:`\hat y = s\, R (x - \mu_x) + \mu_y` with the means of all of
        ``X`` and ``Y`` and one scale :math:`s`, the ratio of the mean centred norms of
        ``Y`` and ``X`` (known without pairs).
+
+    Measured (``bench/results/zeroshot.json``): all-MiniLM-L6-v2 → paraphrase-MiniLM-L3-v2,
+    2,000 SciFact documents per side, default options, one thread, ~20 s per fit; top-1
+    among 1,000 held-out documents 0.97 when both sides hold the same documents
+    (shuffled) and 0.76–0.79 over three seeds when they hold different documents, against
+    0.97 for Procrustes and 0.92 for ridge fitted on the 2,000 true pairs.
 
     Nothing guarantees success: the coupling can lock onto a wrong symmetry, and a
     source and target space too unlike each other have no structure to match
@@ -250,8 +263,10 @@ def fit_unsupervised(
     schedule = _neighbour_schedule(neighbours, rounds, min(Xr.shape[0], Yr.shape[0]))
     for k in schedule:
         S = (Xr @ rotation.T) @ Yr.T
-        targets = Yr[S.topk(k, dim=1).indices].mean(dim=1)  # (n_x, d_tgt)
-        sources = Xr[S.T.topk(k, dim=1).indices].mean(dim=1)  # (n_y, d_src)
+        near_y, near_x = S.topk(k, dim=1).indices, S.T.topk(k, dim=1).indices
+        del S
+        targets = _neighbour_mean(near_y, Yr)  # (n_x, d_tgt)
+        sources = _neighbour_mean(near_x, Xr)  # (n_y, d_src)
         rotation = _rotation(torch.cat([Xr, sources]), torch.cat([targets, Yr]))
     a, b = _mutual_best((Xr @ rotation.T) @ Yr.T)
     norm_x = float((X - mean_x).norm(dim=1).mean())

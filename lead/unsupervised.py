@@ -89,8 +89,9 @@ def _gromov_wasserstein(
         raise FitError(
             f"the Gromov–Wasserstein coupling is not finite (epsilon={epsilon:g} too small?)"
         )
+    distance = float(log["gw_dist"])
     return T, {
-        "gw_distance": float(log["gw_dist"]),
+        "gw_distance": distance if np.isfinite(distance) else None,
         "gw_solver_warnings": len(caught),
     }
 

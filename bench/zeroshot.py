@@ -21,8 +21,10 @@ on the 1,000 held-out documents, beside ridge and Procrustes fitted on the 2,000
 pairs. Retrieval: 5 folds as in :func:`lead.crossfit.crossfit_retrieval`; fold f is
 translated by an unsupervised stitch fitted on the other folds split into two disjoint
 halves (minilm vectors of one, pml3 vectors of the other), beside cross-fitted supervised
-ridge on the same folds. Query side: minilm test queries translated by an unsupervised
-stitch fitted on two disjoint halves of the whole corpus, searching native pml3 vectors.
+ridge and Procrustes on the same folds; and again with each fold's stitch fitted on the
+other folds' minilm vectors and the same documents' pml3 vectors shuffled. Query side:
+minilm test queries translated by an unsupervised stitch fitted on the whole corpus (two
+disjoint halves, or all documents shuffled), searching native pml3 vectors.
 
 Every fit runs with one torch thread (see ``bench/fitcost.py``).
 """
@@ -166,44 +168,50 @@ def run() -> dict[str, Any]:
             stitch, X[test], Y[test], Y[set_a].mean(axis=0)
         )
 
-    # (b) retrieval: cross-fitted unsupervised vs cross-fitted supervised ridge
-    translated = np.empty_like(Y, dtype=np.float64)
-    fold_seconds = []
-    for f, part in enumerate(folds):
-        rest = np.random.default_rng(200 + f).permutation(others(f))
-        half = len(rest) // 2
-        stitch, seconds = _timed(
-            lambda r=rest, h=half: fit_unsupervised(X[r[:h]], Y[r[h:]], seed=0)
-        )
-        fold_seconds.append(seconds)
-        translated[part] = _translate(stitch, X[part])
-        log(f"zeroshot: unsupervised fold {f}: {seconds:.0f} s")
-    everything = np.random.default_rng(300).permutation(len(X))
-    half = len(everything) // 2
-    stitch = fit_unsupervised(X[everything[:half]], Y[everything[half:]], seed=0)
-    unsupervised_retrieval = {
-        "document_side_ndcg_at_10_score": ndcg(queries_tgt, translated),
-        "query_side_ndcg_at_10_score": ndcg(_translate(stitch, queries_src), Y),
-        "fold_fit_seconds": fold_seconds,
-    }
-    for side in ("document_side", "query_side"):
-        score = unsupervised_retrieval[f"{side}_ndcg_at_10_score"]
-        unsupervised_retrieval[f"{side}_ndcg_at_10_ratio"] = score / native
-    ridge = crossfit_retrieval(
-        X, Y, doc_ids=ids, target_queries=queries_tgt, query_ids=sf.test_query_ids,
-        qrels=sf.qrels, source_queries=queries_src, method="ridge", folds=FOLDS, seed=0,
-    )  # fmt: skip
-    unsupervised["retrieval"] = {
-        "native_ndcg_at_10_score": native,
-        "unsupervised": unsupervised_retrieval,
-        "supervised_ridge_crossfit": {
-            "document_side": ridge["document_side"],
-            "query_side": ridge["query_side"],
-        },
-    }
-    log(f"zeroshot: retrieval ratio unsupervised "
-        f"{unsupervised_retrieval['document_side_ndcg_at_10_ratio']:.3f} / ridge "
-        f"{ridge['document_side']['ndcg_at_10_ratio']:.3f}")  # fmt: skip
+    # (b) retrieval: cross-fitted unsupervised vs cross-fitted supervised ridge / Procrustes
+    def unpaired(rows: np.ndarray, setting: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source rows and target rows of an unpaired fit on ``rows`` in ``setting``."""
+        rows = np.random.default_rng(seed).permutation(rows)
+        if setting == "disjoint":
+            half = len(rows) // 2
+            return rows[:half], rows[half:]
+        return rows, np.random.default_rng(seed + 1).permutation(rows)
+
+    retrieval: dict[str, Any] = {"native_ndcg_at_10_score": native}
+    for setting in ("disjoint", "same_shuffled"):
+        translated = np.empty_like(Y, dtype=np.float64)
+        fold_seconds = []
+        for f, part in enumerate(folds):
+            src, tgt = unpaired(others(f), setting, 200 + f)
+            stitch, seconds = _timed(lambda a=src, b=tgt: fit_unsupervised(X[a], Y[b]))
+            fold_seconds.append(seconds)
+            translated[part] = _translate(stitch, X[part])
+            log(f"zeroshot: unsupervised {setting} fold {f}: {seconds:.0f} s")
+        src, tgt = unpaired(np.arange(len(X)), setting, 300)
+        stitch = fit_unsupervised(X[src], Y[tgt])
+        entry = {
+            "unpaired_rows_per_fold_fit": [len(s) for s in unpaired(others(0), setting, 0)],
+            "document_side_ndcg_at_10_score": ndcg(queries_tgt, translated),
+            "query_side_ndcg_at_10_score": ndcg(_translate(stitch, queries_src), Y),
+            "fold_fit_seconds": fold_seconds,
+        }
+        for side in ("document_side", "query_side"):
+            entry[f"{side}_ndcg_at_10_ratio"] = entry[f"{side}_ndcg_at_10_score"] / native
+        retrieval[f"unsupervised_{setting}"] = entry
+        log(f"zeroshot: unsupervised {setting} document-side nDCG@10 ratio "
+            f"{entry['document_side_ndcg_at_10_ratio']:.3f}")  # fmt: skip
+    for method in ("ridge", "procrustes"):
+        out = crossfit_retrieval(
+            X, Y, doc_ids=ids, target_queries=queries_tgt, query_ids=sf.test_query_ids,
+            qrels=sf.qrels, source_queries=queries_src, method=method, folds=FOLDS, seed=0,
+        )  # fmt: skip
+        retrieval[f"supervised_{method}_crossfit"] = {
+            "document_side": out["document_side"],
+            "query_side": out["query_side"],
+        }
+        log(f"zeroshot: supervised {method} document-side nDCG@10 ratio "
+            f"{out['document_side']['ndcg_at_10_ratio']:.3f}")  # fmt: skip
+    unsupervised["retrieval"] = retrieval
     return {
         "source": MODEL_IDS[SOURCE],
         "target": MODEL_IDS[TARGET],

@@ -1,6 +1,7 @@
 """LEAD: learn stitches between embedding spaces, score their alignment, translate vectors."""
 
 from lead.alignment import alignment_scores
+from lead.anchors import fit_anchors
 from lead.artifacts import load_stitch, push_stitch, read_stitch_config, save_stitch
 from lead.crossfit import crossfit_retrieval
 from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
@@ -35,6 +36,7 @@ from lead.stitches import (
     stitch_class,
 )
 from lead.training import MLPConfig, train_mlp
+from lead.unsupervised import fit_unsupervised
 
 __version__ = "0.1.0"
 
@@ -59,9 +61,11 @@ __all__ = [
     "cknna_score",
     "crossfit_retrieval",
     "cycle_knn_score",
+    "fit_anchors",
     "fit_procrustes",
     "fit_ridge",
     "fit_stitch",
+    "fit_unsupervised",
     "holdout_split",
     "kfold_indices",
     "linear_cka_score",

@@ -1,0 +1,53 @@
+"""Validation of keyword options of the fitting methods (private).
+
+Each helper returns the option as a plain Python number or raises
+:class:`~lead.errors.InvalidInputError` whose ``param`` names the option.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lead.errors import InvalidInputError
+
+__all__ = ["check_float_option", "check_int_option"]
+
+
+def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and None are refused.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``value`` is not an integer or is out of range (``param`` is ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}", param=name)
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and <= {maximum}"
+        raise InvalidInputError(f"{name} must be >= {minimum}{upper}, got {value}", param=name)
+    return int(value)
+
+
+def check_float_option(
+    value: Any, name: str, *, minimum: float, inclusive: bool = True, maximum: float | None = None
+) -> float:
+    """``value`` as a finite ``float`` above ``minimum`` (``>=`` when ``inclusive``).
+
+    Raises
+    ------
+    InvalidInputError
+        If ``value`` is not a real number (bools and None included), is not finite, or is
+        out of range (``param`` is ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"{name} must be a number, got {value!r}", param=name)
+    number = float(value)
+    low_ok = number >= minimum if inclusive else number > minimum
+    if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
+        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+        if maximum is not None:
+            bound += f" and <= {maximum:g}"
+        raise InvalidInputError(f"{name} must be finite and {bound}, got {value!r}", param=name)
+    return number

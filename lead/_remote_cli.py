@@ -201,7 +201,11 @@ def add_remote_commands(commands: Any) -> None:
     submit.add_argument("--target", metavar="FILE[:TENSOR]")
     submit.add_argument("--source-model", required=True)
     submit.add_argument("--target-model", required=True)
-    submit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp | invertible")
+    submit.add_argument(
+        "--method",
+        default="ridge",
+        help="ridge | procrustes | mlp | invertible | anchors | unsupervised",
+    )
     submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument("--holdout", type=float, default=0.2, help="held-out share")
     submit.add_argument("--seed", type=int, default=0)

@@ -147,10 +147,39 @@ def _holdout_ids(
     return [str(ids[i - offset]) for i in test]
 
 
+def _info_from(args: argparse.Namespace, fit: dict[str, Any]) -> Any:
+    """The :class:`~lead.stitches.StitchInfo` of the model arguments, with ``fit``."""
+    from lead.stitches import StitchInfo
+
+    return StitchInfo(
+        source_model=args.source_model,
+        target_model=args.target_model,
+        source_normalized=args.source_normalized,
+        target_normalized=args.target_normalized,
+        source_revision=args.source_revision,
+        target_revision=args.target_revision,
+        fit=fit,
+    )
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source-model", required=True, help="source model id")
+    parser.add_argument("--target-model", required=True, help="target model id")
+    parser.add_argument("--source-revision")
+    parser.add_argument("--target-revision")
+    for flag in ("source-normalized", "target-normalized"):
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--normalize-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalise outputs (default: as --target-normalized)",
+    )
+
+
 def _fit(args: argparse.Namespace) -> int:
     from lead.artifacts import STORAGE_DTYPES, save_stitch
     from lead.fitting import fit_stitch
-    from lead.stitches import StitchInfo
 
     if not 0 <= args.holdout < 1:
         raise InvalidInputError("--holdout must be in [0, 1)", param="holdout")
@@ -158,14 +187,9 @@ def _fit(args: argparse.Namespace) -> int:
     X, Y = np.concatenate(xs), np.concatenate(ys)
     train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
     holdout_ids = _holdout_ids(args.ids, [len(x) for x in xs], args.holdout_from, test)
-    info = StitchInfo(
-        source_model=args.source_model,
-        target_model=args.target_model,
-        source_normalized=args.source_normalized,
-        target_normalized=args.target_normalized,
-        source_revision=args.source_revision,
-        target_revision=args.target_revision,
-        fit={
+    info = _info_from(
+        args,
+        {
             "data": [
                 {"source": s, "target": t, "rows": len(x)}
                 for s, t, x in zip(args.source, args.target, xs, strict=True)
@@ -200,6 +224,32 @@ def _fit(args: argparse.Namespace) -> int:
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
     save_stitch(stitch, args.out, dtype=args.save_dtype)
     print(json.dumps(stitch.info.scorecard, indent=2))
+    return 0
+
+
+def _fit_unpaired(args: argparse.Namespace) -> int:
+    from lead.artifacts import save_stitch
+    from lead.data import read_embeddings
+    from lead.fitting import fit_stitch
+
+    X, Y = read_embeddings(args.source), read_embeddings(args.target)
+    info = _info_from(args, {"data": {"source": args.source, "target": args.target}})
+    progress, close = _tqdm_progress()
+    try:
+        stitch = fit_stitch(
+            X,
+            Y,
+            "unsupervised",
+            info=info,
+            normalize_output=args.normalize_output,
+            seed=args.seed,
+            progress=progress,
+            **_parse_options(args.option),
+        )
+    finally:
+        close()
+    save_stitch(stitch, args.out)
+    print(json.dumps(stitch.info.fit, indent=2))
     return 0
 
 
@@ -292,7 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = commands.add_parser("fit", help="fit a stitch on paired embeddings and save it")
     _add_pair_arguments(fit)
-    fit.add_argument("--method", default="ridge", help="ridge | procrustes | mlp | invertible")
+    fit.add_argument(
+        "--method",
+        default="ridge",
+        help="ridge | procrustes | mlp | invertible | anchors | unsupervised",
+    )
     fit.add_argument(
         "--option",
         action="append",
@@ -300,18 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help='method option, value parsed as JSON (alpha=0.01, scaling=true, loss="cosine")',
     )
-    fit.add_argument("--source-model", required=True, help="source model id")
-    fit.add_argument("--target-model", required=True, help="target model id")
-    fit.add_argument("--source-revision")
-    fit.add_argument("--target-revision")
-    for flag in ("source-normalized", "target-normalized"):
-        fit.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True)
-    fit.add_argument(
-        "--normalize-output",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="L2-normalise outputs (default: as --target-normalized)",
-    )
+    _add_model_arguments(fit)
     fit.add_argument(
         "--ids",
         metavar="FILE",
@@ -327,6 +370,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--out", required=True, help="folder to save the stitch in")
     fit.set_defaults(handler=_fit)
+
+    unpaired = commands.add_parser(
+        "fit-unpaired",
+        help="fit a stitch from unpaired embeddings (method unsupervised: no pairs needed)",
+    )
+    unpaired.add_argument("--source", required=True, metavar="FILE[:TENSOR]")
+    unpaired.add_argument(
+        "--target",
+        required=True,
+        metavar="FILE[:TENSOR]",
+        help="target-model vectors of other texts (or the same in any order; any row count)",
+    )
+    unpaired.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of lead.unsupervised.fit_unsupervised, value parsed as JSON "
+        "(sample_size=1000, rounds=40, ...)",
+    )
+    unpaired.add_argument("--seed", type=int, default=0)
+    _add_model_arguments(unpaired)
+    unpaired.add_argument("--out", required=True, help="folder to save the stitch in")
+    unpaired.set_defaults(handler=_fit_unpaired)
 
     score = commands.add_parser("score", help="score a stitch on paired embeddings")
     score.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")

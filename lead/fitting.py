@@ -8,6 +8,7 @@ minimum-norm answer instead of NaN. The fitted stitches hold float32 parameters.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lead._validation import check_pairs
+from lead._validation import as_matrix, check_pairs
 from lead.errors import FitError, InvalidInputError, TooFewPairsError
 from lead.splits import holdout_split
 from lead.stitches import AffineStitch, OrthogonalStitch, Stitch, StitchInfo
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_RIDGE_ALPHAS",
     "METHODS",
     "ProgressCallback",
+    "check_method_options",
     "fit_procrustes",
     "fit_ridge",
     "fit_stitch",
@@ -43,6 +45,8 @@ METHODS: dict[str, str] = {
     "orthogonal": "procrustes",
     "mlp": "mlp",
     "invertible": "invertible",
+    "anchors": "anchors",
+    "unsupervised": "unsupervised",
 }
 
 _RIDGE_HOLDOUT = 0.2
@@ -279,6 +283,60 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _keyword_options(function: Callable[..., Any]) -> set[str]:
+    """The keyword-only options of a fitting function, except ``seed``."""
+    parameters = inspect.signature(function).parameters.values()
+    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - {"seed"}
+
+
+def check_method_options(method: Any, options: dict[str, Any]) -> str:
+    """Check a method name and its option names (not their values) before fitting.
+
+    Parameters
+    ----------
+    method : str
+        A key of :data:`METHODS` (any case).
+    options : dict
+        Option names and values, as :func:`fit_stitch` takes them.
+
+    Returns
+    -------
+    str
+        The canonical method name.
+
+    Raises
+    ------
+    InvalidInputError
+        For an unknown method (``param="method"``) or option (``param`` names it).
+    """
+    canonical = METHODS.get(str(method).lower())
+    if canonical is None:
+        raise InvalidInputError(
+            f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method"
+        )
+    from lead.anchors import fit_anchors  # late: these modules import fitting
+    from lead.invertible import InvertibleConfig
+    from lead.training import MLPConfig
+    from lead.unsupervised import fit_unsupervised
+
+    configs = {"mlp": MLPConfig, "invertible": InvertibleConfig}
+    functions = {"anchors": fit_anchors, "unsupervised": fit_unsupervised}
+    allowed = {
+        "ridge": {"alpha", "alphas"},
+        "procrustes": {"scaling"},
+        **{name: {f.name for f in dataclasses.fields(c)} - {"seed"} for name, c in configs.items()},
+        **{name: _keyword_options(f) for name, f in functions.items()},
+    }[canonical]
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise InvalidInputError(
+            f"unknown option(s) for method {canonical!r}: {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
+            param=unknown[0],
+        )
+    return canonical
+
+
 def fit_stitch(
     X: Any,
     Y: Any,
@@ -298,10 +356,13 @@ def fit_stitch(
         Source-model vectors.
     Y : array_like or Tensor of shape (n, d_tgt)
         Target-model vectors of the same items.
-    method : {"ridge", "affine", "procrustes", "orthogonal", "mlp", "invertible"}, default "ridge"
-        ``affine`` and ``orthogonal`` are aliases of ``ridge`` and ``procrustes``;
-        ``invertible`` trains an :class:`~lead.stitches.InvertibleStitch` (with
-        ``.inverse(y)``).
+    method : str, default "ridge"
+        ``ridge`` (alias ``affine``), ``procrustes`` (alias ``orthogonal``), ``mlp``,
+        ``invertible`` (an :class:`~lead.stitches.InvertibleStitch`, with ``.inverse(y)``),
+        ``anchors`` (zero-shot from a few anchor pairs, :func:`lead.anchors.fit_anchors`)
+        or ``unsupervised`` (no pairs: :func:`lead.unsupervised.fit_unsupervised`; the
+        rows of ``Y`` are shuffled by ``seed`` first, so their order carries no
+        information, and ``X`` and ``Y`` may have different row counts).
     info : StitchInfo, optional
         Models and provenance; not modified (a copy is stored). Its ``fit`` dict is kept
         and extended with ``method``, ``options``, ``pairs``, ``seed``, ``lead_version``
@@ -318,7 +379,8 @@ def fit_stitch(
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
         :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
-        :class:`lead.invertible.InvertibleConfig` except ``seed``.
+        :class:`lead.invertible.InvertibleConfig` except ``seed``; anchors and
+        unsupervised: the keyword options of their functions except ``seed``.
 
     Returns
     -------
@@ -333,31 +395,24 @@ def fit_stitch(
     ShapeMismatchError, NonFiniteError, TooFewPairsError, FitError
         As raised by the method.
     """
-    canonical = METHODS.get(str(method).lower())
-    if canonical is None:
-        raise InvalidInputError(
-            f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method"
-        )
-    from lead.invertible import InvertibleConfig, train_invertible  # late: they import fitting
+    canonical = check_method_options(method, options)
+    from lead.anchors import fit_anchors  # late: these modules import fitting
+    from lead.invertible import InvertibleConfig, train_invertible
     from lead.training import MLPConfig, train_mlp
+    from lead.unsupervised import fit_unsupervised
 
     trained = {"mlp": MLPConfig, "invertible": InvertibleConfig}
-    allowed = {
-        "ridge": {"alpha", "alphas"},
-        "procrustes": {"scaling"},
-        **{name: {f.name for f in dataclasses.fields(c)} - {"seed"} for name, c in trained.items()},
-    }[canonical]
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise InvalidInputError(
-            f"unknown option(s) for method {canonical!r}: {', '.join(unknown)}; "
-            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
-            param=unknown[0],
-        )
+    keyword = {"anchors": fit_anchors, "unsupervised": fit_unsupervised}
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if normalize_output is None:
         normalize_output = info.target_normalized
-    X, Y = check_pairs(X, Y)
+    if canonical == "unsupervised":
+        X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")
+        # the row order of Y must carry no information: shuffle it
+        order = torch.randperm(Y.shape[0], generator=torch.Generator().manual_seed(seed))
+        Y = Y[order.to(Y.device)]
+    else:
+        X, Y = check_pairs(X, Y)
     closed_form = canonical not in trained
     if progress is not None and closed_form:
         progress("fit", 0, 1)
@@ -368,6 +423,8 @@ def fit_stitch(
         if not isinstance(options.get("scaling", False), bool):
             raise InvalidInputError("scaling must be true or false", param="scaling")
         stitch = fit_procrustes(X, Y, **options)
+    elif canonical in keyword:
+        stitch = keyword[canonical](X, Y, seed=seed, **options)
     elif canonical == "mlp":
         config = MLPConfig(**options, seed=seed)
         stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
@@ -386,7 +443,7 @@ def fit_stitch(
         **info.fit,
         "method": canonical,
         "options": {k: _jsonable(v) for k, v in sorted(options.items())},
-        "pairs": int(X.shape[0]),
+        "pairs": 0 if canonical == "unsupervised" else int(X.shape[0]),
         "seed": int(seed),
         "lead_version": _lead_version(),
         **stitch.info.fit,

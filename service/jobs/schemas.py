@@ -146,14 +146,15 @@ class JobCreate(PairsInput):
     target_model: str = Field(min_length=1, max_length=200, description="Model of `target`.")
     method: str = Field(
         default="ridge",
-        description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp` or "
-        "`invertible`.",
+        description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp`, "
+        "`invertible` (also runs backwards), `anchors` (zero-shot from a few pairs) or "
+        "`unsupervised` (fitted without the pairing; the held-out pairs only score it).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
         "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ... "
-        "Checked when the job runs: a bad value fails the job with a reason.",
+        "Unknown option names are refused (422); a bad value fails the job with a reason.",
     )
     holdout_fraction: float = Field(
         default=0.2, gt=0, lt=1, description="Share of pairs held out for the scorecard."
@@ -191,6 +192,17 @@ class JobCreate(PairsInput):
     def _two_models(self) -> JobCreate:
         if self.source_model == self.target_model:
             raise ValueError("source_model and target_model must differ")
+        return self
+
+    @model_validator(mode="after")
+    def _known_options(self) -> JobCreate:
+        from lead.errors import InvalidInputError
+        from lead.fitting import check_method_options
+
+        try:
+            check_method_options(self.method, self.options)
+        except InvalidInputError as error:
+            raise ValueError(str(error)) from None
         return self
 
 

@@ -211,8 +211,7 @@ def test_cancel_a_running_and_a_queued_job(
     ("method", "options", "code"),
     [
         ("mlp", {"lr": 1e30, "hidden_dim": 16}, "fit_failed"),  # training diverges
-        ("mlp", {"loss": "bogus"}, "invalid_input"),  # only checked when the fit starts
-        ("ridge", {"bogus": 1}, "invalid_input"),
+        ("mlp", {"loss": "bogus"}, "invalid_input"),  # a value: checked when the fit starts
     ],
 )
 def test_a_job_that_cannot_fit_fails_with_a_reason(
@@ -450,3 +449,60 @@ def test_push_outcomes_never_fail_the_job(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setattr(lead.artifacts, "push_stitch", refused)
     out = worker._push(tmp_path, "org/name", "hf_token")
     assert out["status"] == "failed" and "403 Forbidden" in out["reason"]
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "check"),
+    [
+        ("invertible", {"max_epochs": 2, "hidden_dim": 32}, "round_trip"),
+        ("anchors", {"alpha": 0.01}, "anchors"),
+        ("unsupervised", {"sample_size": 320, "rounds": 20}, "unpaired"),
+    ],
+)
+def test_the_seed_methods_run_as_jobs(
+    jobs: TestClient, scifact_small: Any, method: str, options: dict[str, Any], check: str
+) -> None:
+    sf = scifact_small
+    dataset = upload(jobs, scifact_dataset(sf, "minilm", "pml3"))
+    body = {
+        "source_model": MINILM,
+        "target_model": PML3,
+        "dataset": dataset["id"],
+        "method": method,
+        "options": options,
+        "stitch_id": f"minilm-to-pml3-{method}",
+    }
+    r = jobs.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    job = wait_job(jobs, r.json()["id"], timeout=240)
+    assert job["status"] == "succeeded", job
+    card = job["scorecard"]
+    assert card["top1_accuracy_score"] > 0.2  # chance: 1 / 80 held-out documents
+    stitch = jobs.get(f"/v1/stitches/minilm-to-pml3-{method}").json()
+    assert stitch["architecture"] == {"invertible": "invertible", "anchors": "affine"}.get(
+        method, "orthogonal"
+    )
+    if check == "round_trip":
+        assert card["round_trip"]["round_trip_top1_accuracy_score"] == 1.0
+        r = jobs.post(
+            "/v1/translate",
+            json={
+                "stitch": "minilm-to-pml3-invertible",
+                "input": b64(sf.queries["pml3"][:2]),
+                "direction": "inverse",
+            },
+        )
+        assert r.status_code == 200 and r.json()["model"] == MINILM, r.text
+
+
+def test_unknown_options_of_the_seed_methods_are_refused(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    before = len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"])
+    for method, option in (("unsupervised", "sample"), ("ridge", "alhpa"), ("invertible", "lr_")):
+        body = tiny_body(scifact_small, n=40, method=method, options={option: 10})
+        r = jobs.post("/v1/jobs", json=body)
+        assert r.status_code == 422, r.text
+        assert f"unknown option(s) for method {method!r}: {option}" in r.json()["error"]["message"]
+    after = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert len(after) == before  # nothing was queued

@@ -1,0 +1,103 @@
+"""The seed methods through ``fit_stitch`` and the CLI: anchors, unsupervised, invertible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lead.artifacts import load_stitch, read_stitch_config
+from lead.cli import main
+from lead.errors import InvalidInputError
+from lead.fitting import METHODS, check_method_options, fit_stitch
+from lead.metrics import top1_accuracy_score
+from lead.stitches import AffineStitch, OrthogonalStitch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SMALL_UNSUPERVISED = {"sample_size": 400, "rounds": 20}
+
+
+def test_every_method_is_known() -> None:
+    assert {"ridge", "procrustes", "mlp", "invertible", "anchors", "unsupervised"} <= set(
+        METHODS.values()
+    )
+    assert check_method_options("Anchors", {"alpha": 0.1}) == "anchors"
+    with pytest.raises(InvalidInputError, match="unknown method") as caught:
+        check_method_options("vec2vec", {})
+    assert caught.value.param == "method"
+    with pytest.raises(InvalidInputError) as caught:
+        check_method_options("unsupervised", {"epsilon": 0.01, "sample": 3})
+    assert caught.value.param == "sample"
+
+
+def test_anchors_through_fit_stitch(scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    stitch = fit_stitch(X[:100], Y[:100], "anchors")
+    assert isinstance(stitch, AffineStitch) and stitch.normalize_output
+    assert stitch.info.fit["method"] == "anchors" and stitch.info.fit["pairs"] == 100
+    with torch.no_grad():
+        pred = stitch(torch.from_numpy(X[100:]))
+    assert top1_accuracy_score(pred, Y[100:]) > 0.3  # chance: 1 / 300
+
+
+def test_unsupervised_through_fit_stitch_ignores_the_row_order(scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    perm = np.random.default_rng(3).permutation(len(Y))
+    a = fit_stitch(X, Y, "unsupervised", **SMALL_UNSUPERVISED)
+    b = fit_stitch(X, Y[perm], "unsupervised", **SMALL_UNSUPERVISED)
+    assert isinstance(a, OrthogonalStitch)
+    assert a.info.fit["pairs"] == 0 and a.info.fit["method"] == "unsupervised"
+    for stitch in (a, b):
+        with torch.no_grad():
+            pred = stitch(torch.from_numpy(X))
+        assert top1_accuracy_score(pred, Y) > 0.3  # chance: 1 / 400
+
+
+def test_unsupervised_takes_different_row_counts(scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"][:320], scifact_small.corpus["pml3"][120:]
+    stitch = fit_stitch(X, Y, "unsupervised", **SMALL_UNSUPERVISED)
+    assert stitch.info.fit["unpaired_rows"] == [320, 280]
+    with torch.no_grad():  # the 200 documents both sides hold
+        pred = stitch(torch.from_numpy(X[120:]))
+    assert top1_accuracy_score(pred, Y[:200]) > 0.2  # chance: 1 / 200
+
+
+def test_cli_fit_unpaired_then_score(scifact_small: Any, tmp_path: Path) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    np.save(tmp_path / "x.npy", X[:250])
+    np.save(tmp_path / "y.npy", Y[150:])  # other documents, another row count
+    out = tmp_path / "unpaired"
+    options = [f"--option={k}={v}" for k, v in SMALL_UNSUPERVISED.items()]
+    argv = ["fit-unpaired", "--source", str(tmp_path / "x.npy"), "--target"]
+    argv += [str(tmp_path / "y.npy"), "--source-model", "a", "--target-model", "b"]
+    assert main([*argv, *options, "--out", str(out)]) == 0
+    config = read_stitch_config(out)
+    assert config["fit"]["method"] == "unsupervised"
+    assert config["fit"]["data"] == {
+        "source": str(tmp_path / "x.npy"),
+        "target": str(tmp_path / "y.npy"),
+    }
+    stitch = load_stitch(out)
+    with torch.no_grad():
+        pred = stitch(torch.from_numpy(X[150:250]))  # documents both sides held
+    assert top1_accuracy_score(pred, Y[150:250]) > 0.2  # chance: 1 / 100
+
+
+@pytest.mark.parametrize("method", ["anchors", "invertible"])
+def test_cli_fit_with_the_seed_methods(scifact_small: Any, tmp_path: Path, method: str) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    out = tmp_path / method
+    argv = ["fit", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy")]
+    argv += ["--method", method, "--source-model", "a", "--target-model", "b"]
+    if method == "invertible":
+        argv += ["--option", "max_epochs=1", "--option", "hidden_dim=16"]
+    assert main([*argv, "--out", str(out)]) == 0
+    card = read_stitch_config(out)["scorecard"]
+    assert card["top1_accuracy_score"] > 0.3
+    assert (card["round_trip"] is not None) == (method == "invertible")

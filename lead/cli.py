@@ -96,10 +96,13 @@ def _split_rows(
     return np.sort(np.concatenate([others, train + offset])), test + offset
 
 
-def _score(stitch: Any, X: np.ndarray, Y: np.ndarray, train_mean: Any) -> dict[str, Any]:
+def _score(
+    stitch: Any, X: np.ndarray, Y: np.ndarray, train_mean: Any, reverse: Any = None
+) -> dict[str, Any]:
     from lead.scorecard import score_stitch
 
-    return score_stitch(stitch, X, Y, target_train_mean=train_mean).to_dict()
+    card = score_stitch(stitch, X, Y, target_train_mean=train_mean, reverse=reverse)
+    return card.to_dict()
 
 
 def _tqdm_progress() -> tuple[Callable[[str, int, int], None], Callable[[], None]]:
@@ -257,15 +260,17 @@ def _score_command(args: argparse.Namespace) -> int:
     from lead.artifacts import load_stitch
 
     stitch = load_stitch(args.stitch, device=args.device)
+    reverse = None if args.reverse is None else load_stitch(args.reverse, device=args.device)
     xs, ys = _load_pairs(args.source, args.target)
     X, Y = np.concatenate(xs), np.concatenate(ys)
     if args.all:
-        scorecard = _score(stitch, X, Y, stitch.target_mean.detach().cpu().double().numpy())
+        mean = stitch.target_mean.detach().cpu().double().numpy()
+        scorecard = _score(stitch, X, Y, mean, reverse)
     else:
         train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
         if not len(test):
             raise InvalidInputError("--holdout must be in (0, 1), or use --all", param="holdout")
-        scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
+        scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0), reverse)
     print(json.dumps(scorecard, indent=2))
     return 0
 
@@ -399,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
     _add_pair_arguments(score)
     score.add_argument("--all", action="store_true", help="score on every row (no split)")
+    score.add_argument(
+        "--reverse",
+        metavar="STITCH",
+        help="a stitch from the target model back to the source model: the scorecard then "
+        "holds the round trip (invertible stitches round-trip through their inverse anyway)",
+    )
     score.add_argument("--device", default="cpu")
     score.set_defaults(handler=_score_command)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +104,21 @@ def test_cli_fit_with_the_seed_methods(scifact_small: Any, tmp_path: Path, metho
     card = read_stitch_config(out)["scorecard"]
     assert card["top1_accuracy_score"] > 0.3
     assert (card["round_trip"] is not None) == (method == "invertible")
+
+
+def test_cli_score_with_a_reverse_stitch(scifact_small: Any, tmp_path: Path) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["mpnet"]
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    common = ["--source-model", "a", "--target-model", "b"]
+    x, y = str(tmp_path / "x.npy"), str(tmp_path / "y.npy")
+    there, back = str(tmp_path / "there"), str(tmp_path / "back")
+    assert main(["fit", "--source", x, "--target", y, *common, "--out", there]) == 0
+    assert main(["fit", "--source", y, "--target", x, "--source-model", "b", "--target-model",
+                 "a", "--out", back]) == 0  # fmt: skip
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["score", there, "--source", x, "--target", y, "--reverse", back]) == 0
+    card = json.loads(printed.getvalue())
+    assert card["round_trip"]["via"] == "reverse_stitch"
+    assert card["round_trip"]["round_trip_top1_accuracy_score"] > 0.8

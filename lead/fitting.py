@@ -320,7 +320,10 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
     from lead.unsupervised import fit_unsupervised
 
     configs = {"mlp": MLPConfig, "invertible": InvertibleConfig}
-    functions = {"anchors": fit_anchors, "unsupervised": fit_unsupervised}
+    functions: dict[str, Callable[..., Stitch]] = {
+        "anchors": fit_anchors,
+        "unsupervised": fit_unsupervised,
+    }
     allowed = {
         "ridge": {"alpha", "alphas"},
         "procrustes": {"scaling"},
@@ -402,7 +405,10 @@ def fit_stitch(
     from lead.unsupervised import fit_unsupervised
 
     trained = {"mlp": MLPConfig, "invertible": InvertibleConfig}
-    keyword = {"anchors": fit_anchors, "unsupervised": fit_unsupervised}
+    keyword: dict[str, Callable[..., Stitch]] = {
+        "anchors": fit_anchors,
+        "unsupervised": fit_unsupervised,
+    }
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if normalize_output is None:
         normalize_output = info.target_normalized

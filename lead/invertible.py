@@ -148,7 +148,8 @@ def _square_start(weight: Tensor, min_ratio: float) -> Tensor:
         weight = square if d_src < d_tgt else square.T
     U, S, Vh = torch.linalg.svd(weight)
     S = S.clamp_min(float(S.max()) * min_ratio)
-    return (U * S) @ Vh
+    conditioned: Tensor = (U * S) @ Vh
+    return conditioned
 
 
 def _balanced_gains(rho: Tensor, weight: float) -> Tensor:
@@ -243,10 +244,13 @@ def _init_couplings(
 
 def _side_loss(raw: Tensor, target: Tensor, normalize: bool, norm_weight: float) -> Tensor:
     """Mean squared L2 error per row (of the unit rows when ``normalize``, plus the norm term)."""
+    loss: Tensor
     if not normalize:
-        return ((raw - target) ** 2).sum(dim=1).mean()
+        loss = ((raw - target) ** 2).sum(dim=1).mean()
+        return loss
     norm_term = ((raw.norm(dim=1) - 1.0) ** 2).mean()
-    return ((unit_rows(raw) - target) ** 2).sum(dim=1).mean() + norm_weight * norm_term
+    loss = ((unit_rows(raw) - target) ** 2).sum(dim=1).mean() + norm_weight * norm_term
+    return loss
 
 
 def train_invertible(

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from lead import metrics
 from lead._apply import apply_stitch
+from lead._metric_inputs import _pair
 from lead._validation import as_matrix
 from lead.errors import InvalidInputError, ShapeMismatchError
 from lead.retrieval import Qrels, retrieval_scores
@@ -364,7 +365,7 @@ def score_stitch(
     >>> card.top1_accuracy_score, card.baselines["mean_estimator"]["r2_score"]
     (1.0, 0.0)
     """
-    X, Y = metrics._pair(X_test, Y_test, ("X_test", "Y_test"), same_dim=False)
+    X, Y = _pair(X_test, Y_test, ("X_test", "Y_test"), same_dim=False)
     if Y.shape[1] != stitch.d_tgt:
         raise ShapeMismatchError(
             f"Y_test has {Y.shape[1]} columns but the stitch maps to d_tgt={stitch.d_tgt}",

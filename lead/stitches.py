@@ -429,7 +429,8 @@ class InvertibleStitch(Stitch):
         c1 = c0 * 1.02
 
         def gap(c: Tensor) -> Tensor:
-            return self.inverse_raw(y * c.to(y.dtype)).double().norm(dim=1, keepdim=True) - 1
+            norm: Tensor = self.inverse_raw(y * c.to(y.dtype)).double().norm(dim=1, keepdim=True)
+            return norm - 1
 
         g0, g1 = gap(c0), gap(c1)
         for _ in range(steps):
@@ -446,13 +447,14 @@ class InvertibleStitch(Stitch):
         """:meth:`inverse` without the normalisation, in at least float32 (for training)."""
         z = self._pad(y - self.target_mean)
         for coupling in reversed(self.couplings):
+            assert isinstance(coupling, _Coupling)
             z = coupling.inverse(z)
         work = torch.promote_types(y.dtype, torch.float32)  # triangular solves need >= fp32
         z = z.to(work)
         L, U = (f.to(work) for f in self._factors())
         rhs = self.perm.to(work).T @ z.T  # (D, n): solve L U x = permᵀ z
         rhs = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
-        x = torch.linalg.solve_triangular(U, rhs, upper=True).T
+        x: Tensor = torch.linalg.solve_triangular(U, rhs, upper=True).T
         return x[:, : self.d_src] + self.source_mean.to(work)
 
 

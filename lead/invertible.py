@@ -9,13 +9,13 @@ epoch (the linear start counts as epoch 0).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
 from lead.errors import FitError, InvalidInputError
 from lead.fitting import ProgressCallback, fit_ridge
@@ -362,7 +362,6 @@ def train_invertible(
     )
     for p in (*linear, *model.couplings.parameters()):
         p.requires_grad_(True)
-    generator = torch.Generator().manual_seed(config.seed)
     regs = COVARIANCE_REGS if config.covariance_reg is None else (config.covariance_reg,)
     start_losses = {}
     for reg in regs:  # the linear start: closed form, its regularisation on held-out pairs
@@ -375,42 +374,29 @@ def train_invertible(
     if config.init == "ridge-features" and config.coupling_layers > 0:
         _init_couplings(model, X_train, Y_train, config)
         init_loss = evaluate()
-    best_loss = init_loss
-    best_state = copy.deepcopy(model.state_dict())
-    best_epoch, epoch, stale = 0, 0, 0
-    for epoch in range(1, config.max_epochs + 1):
-        model.train()
-        order = torch.randperm(X_train.shape[0], generator=generator).to(device)
-        for start in range(0, X_train.shape[0], config.batch_size):
-            batch = order[start : start + config.batch_size]
-            loss = batch_loss(X_train[batch], Y_train[batch])
-            if not torch.isfinite(loss):
-                raise FitError(
-                    f"training loss became non-finite in epoch {epoch}; try a lower lr "
-                    f"(now {config.lr:g})"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        val_loss = evaluate()
-        if val_loss < best_loss:
-            best_loss, best_epoch, stale = val_loss, epoch, 0
-            best_state = copy.deepcopy(model.state_dict())
-        else:
-            stale += 1
-        if progress is not None:
-            progress("train", epoch, config.max_epochs)
-        if stale >= config.patience:
-            break
-    model.load_state_dict(best_state)
+    result = train_epochs(
+        model,
+        optimizer,
+        lambda rows: batch_loss(X_train[rows], Y_train[rows]),
+        evaluate,
+        n_train=X_train.shape[0],
+        init_loss=init_loss,
+        batch_size=config.batch_size,
+        max_epochs=config.max_epochs,
+        patience=config.patience,
+        seed=config.seed,
+        lr=config.lr,
+        device=device,
+        progress=progress,
+    )
     model.to("cpu")
     model.info.fit = {
         "inverse_weight": config.inverse_weight,
         "covariance_reg": reg,
-        "epochs": epoch,
-        "best_epoch": best_epoch,
+        "epochs": result.epochs,
+        "best_epoch": result.best_epoch,
         "init_holdout_loss": init_loss,
-        "best_holdout_loss": best_loss,
+        "best_holdout_loss": result.best_loss,
         "holdout_fraction": config.holdout_fraction,
     }
     return model.requires_grad_(False).eval()

@@ -8,15 +8,15 @@ never returns something worse on held-out pairs than the ridge fit it started fr
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
-from lead.errors import FitError, InvalidInputError
+from lead.errors import InvalidInputError
 from lead.fitting import ProgressCallback, fit_ridge
 from lead.splits import holdout_split
 from lead.stitches import MLPStitch
@@ -247,7 +247,6 @@ def train_mlp(
         ],
         lr=config.lr,
     )
-    generator = torch.Generator().manual_seed(config.seed)
 
     @torch.no_grad()
     def evaluate() -> float:
@@ -259,37 +258,28 @@ def train_mlp(
             total += float(batch_loss) * (stop - start)
         return total / float(X_val.shape[0])
 
-    best_loss = init_loss = evaluate()
-    best_state = copy.deepcopy(model.state_dict())
-    best_epoch, epoch, stale = 0, 0, 0
-    for epoch in range(1, config.max_epochs + 1):
-        model.train()
-        order = torch.randperm(n_train, generator=generator).to(device)
-        for start in range(0, n_train, config.batch_size):
-            batch = order[start : start + config.batch_size]
-            if batch.numel() < 2 and config.loss == "infonce":
-                continue  # a contrastive batch needs negatives
-            loss = _loss(model(X_train[batch]), Y_train[batch], config)
-            if not torch.isfinite(loss):
-                raise FitError(
-                    f"training loss became non-finite in epoch {epoch}; try a lower lr "
-                    f"(now {config.lr:g})"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        val_loss = evaluate()
-        if val_loss < best_loss:
-            best_loss, best_epoch, stale = val_loss, epoch, 0
-            best_state = copy.deepcopy(model.state_dict())
-        else:
-            stale += 1
-        if progress is not None:
-            progress("train", epoch, config.max_epochs)
-        if stale >= config.patience:
-            break
+    def batch_loss(rows: Tensor) -> Tensor | None:
+        if rows.numel() < 2 and config.loss == "infonce":
+            return None  # a contrastive batch needs negatives
+        return _loss(model(X_train[rows]), Y_train[rows], config)
 
-    model.load_state_dict(best_state)
+    init_loss = evaluate()
+    result = train_epochs(
+        model,
+        optimizer,
+        batch_loss,
+        evaluate,
+        n_train=n_train,
+        init_loss=init_loss,
+        batch_size=config.batch_size,
+        max_epochs=config.max_epochs,
+        patience=config.patience,
+        seed=config.seed,
+        lr=config.lr,
+        device=device,
+        progress=progress,
+    )
+    best_epoch, best_loss, epoch = result.best_epoch, result.best_loss, result.epochs
     model.to("cpu")
     if best_epoch == 0:
         # no epoch beat the closed-form start: return that map, refitted on all the pairs

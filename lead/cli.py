@@ -180,9 +180,28 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _fit_with_progress(X: Any, Y: Any, method: str, info: Any, args: argparse.Namespace) -> Any:
+    """:func:`lead.fit_stitch` with the command's seed, options and a progress bar."""
+    from lead.fitting import fit_stitch
+
+    progress, close = _tqdm_progress()
+    try:
+        return fit_stitch(
+            X,
+            Y,
+            method,
+            info=info,
+            normalize_output=args.normalize_output,
+            seed=args.seed,
+            progress=progress,
+            **_parse_options(args.option),
+        )
+    finally:
+        close()
+
+
 def _fit(args: argparse.Namespace) -> int:
     from lead.artifacts import STORAGE_DTYPES, save_stitch
-    from lead.fitting import fit_stitch
 
     if not 0 <= args.holdout < 1:
         raise InvalidInputError("--holdout must be in [0, 1)", param="holdout")
@@ -207,20 +226,7 @@ def _fit(args: argparse.Namespace) -> int:
             },
         },
     )
-    progress, close = _tqdm_progress()
-    try:
-        stitch = fit_stitch(
-            X[train],
-            Y[train],
-            args.method,
-            info=info,
-            normalize_output=args.normalize_output,
-            seed=args.seed,
-            progress=progress,
-            **_parse_options(args.option),
-        )
-    finally:
-        close()
+    stitch = _fit_with_progress(X[train], Y[train], args.method, info, args)
     if args.save_dtype != "float32":  # score exactly the values that will be stored
         stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
@@ -233,24 +239,10 @@ def _fit(args: argparse.Namespace) -> int:
 def _fit_unpaired(args: argparse.Namespace) -> int:
     from lead.artifacts import save_stitch
     from lead.data import read_embeddings
-    from lead.fitting import fit_stitch
 
     X, Y = read_embeddings(args.source), read_embeddings(args.target)
     info = _info_from(args, {"data": {"source": args.source, "target": args.target}})
-    progress, close = _tqdm_progress()
-    try:
-        stitch = fit_stitch(
-            X,
-            Y,
-            "unsupervised",
-            info=info,
-            normalize_output=args.normalize_output,
-            seed=args.seed,
-            progress=progress,
-            **_parse_options(args.option),
-        )
-    finally:
-        close()
+    stitch = _fit_with_progress(X, Y, "unsupervised", info, args)
     save_stitch(stitch, args.out)
     print(json.dumps(stitch.info.fit, indent=2))
     return 0

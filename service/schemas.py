@@ -164,6 +164,9 @@ class StitchOut(BaseModel):
     source: ModelSide
     target: ModelSide
     architecture: str
+    invertible: bool = Field(
+        description='Runs backwards too: `"direction": "inverse"` on POST /v1/translate.'
+    )
     normalize_output: bool
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")

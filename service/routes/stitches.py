@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from lead.stitches import InvertibleStitch
 from service.deps import RegistryDep
 from service.registry import StitchEntry
 from service.schemas import ModelSide, StitchList, StitchOut, error_responses
@@ -31,6 +32,7 @@ def stitch_out(entry: StitchEntry) -> StitchOut:
             revision=info.target_revision,
         ),
         architecture=stitch.architecture,
+        invertible=isinstance(stitch, InvertibleStitch),
         normalize_output=stitch.normalize_output,
         origin=entry.origin,
         revision=entry.revision,

@@ -130,3 +130,10 @@ def test_inverse_checks_the_target_dimension(inv_client: TestClient, queries: An
         },
     )
     assert r.status_code == 422 and r.json()["error"]["code"] == "shape_mismatch"
+
+
+def test_the_listing_says_which_stitches_run_backwards(inv_client: TestClient) -> None:
+    listed = {s["id"]: s for s in inv_client.get("/v1/stitches").json()["data"]}
+    assert listed["minilm-pml3-inv"]["invertible"] is True
+    assert listed["minilm-pml3-inv"]["architecture"] == "invertible"
+    assert listed["minilm-to-mpnet"]["invertible"] is False

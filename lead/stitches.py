@@ -142,7 +142,9 @@ def unit_rows(y: Tensor) -> Tensor:
     entries above ~1e19 in float32) is normalised, not turned into zeros.
     """
     peak = y.detach().abs().amax(dim=1, keepdim=True)
-    return nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1)
+    # after the division every non-zero row has norm >= 1, so eps=0.5 only keeps zero rows
+    # at zero (the default 1e-12 underflows to 0 in float16 and gives 0 / 0 = NaN)
+    return nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1, eps=0.5)
 
 
 class AffineStitch(Stitch):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lead.errors import NonFiniteOutputError, NotInvertibleError, StitchFormatError
-from lead.stitches import InvertibleStitch, Stitch
+from lead.stitches import InvertibleStitch, Stitch, unit_rows
 
 __all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
 
@@ -121,7 +121,7 @@ class Route:
                     else stitch(y)
                 )
             if normalize:
-                y = nn.functional.normalize(y, dim=1)
+                y = unit_rows(y)
             out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()
         if not np.isfinite(out).all():  # NumPy: ~10x faster than torch.isfinite on CPU
             row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])

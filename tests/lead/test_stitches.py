@@ -110,3 +110,16 @@ def test_normalised_output_survives_a_norm_that_would_overflow() -> None:
     assert torch.equal(y[2], torch.zeros(2))  # a zero map stays zero, no NaN
     inf = stitch(torch.tensor([[float("inf"), 1.0, 0.0]]))
     assert not torch.isfinite(inf).all()  # an overflowing entry is still reported
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_normalising_a_zero_row_gives_zero_in_every_dtype(dtype: torch.dtype) -> None:
+    stitch = AffineStitch(4, 4, normalize_output=True).to(dtype)
+    x = torch.zeros(3, 4, dtype=dtype)
+    x[1] = torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=dtype)
+    with torch.no_grad():
+        stitch.weight.copy_(torch.eye(4, dtype=dtype))
+        y = stitch(x)
+    assert bool(torch.isfinite(y).all())
+    assert torch.equal(y[0], torch.zeros(4, dtype=dtype))
+    assert float(y[1].float().norm()) == pytest.approx(1.0, abs=1e-2)

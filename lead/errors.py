@@ -14,6 +14,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     │   ├── TooFewPairsError                      fewer paired rows than a method needs
     │   ├── DecodeError                           base64 or file bytes that do not decode
     │   ├── NotInvertibleError                    an inverse asked of a stitch that has none
+    │   ├── ModelMismatchError                    data recorded with other models than named
     │   └── LimitExceededError                    more vectors / bytes than allowed (limit, got)
     │       └── PayloadTooLargeError              request body over the byte limit
     ├── UnsupportedMediaTypeError (ValueError)    request body that is not JSON / safetensors
@@ -53,6 +54,7 @@ __all__ = [
     "JobNotFoundError",
     "LeadError",
     "LimitExceededError",
+    "ModelMismatchError",
     "NonFiniteError",
     "NonFiniteOutputError",
     "NotFoundError",
@@ -127,6 +129,10 @@ class DecodeError(InvalidInputError):
 
 class NotInvertibleError(InvalidInputError):
     """The inverse direction was asked of a stitch that is not invertible."""
+
+
+class ModelMismatchError(InvalidInputError):
+    """Vectors recorded as made by one model are said to come from another."""
 
 
 class LimitExceededError(InvalidInputError):

@@ -67,6 +67,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.InvalidInputError: ErrorKind(400, _INVALID, "invalid_input"),
     le.DecodeError: ErrorKind(400, _INVALID, "decode_error"),
     le.NotInvertibleError: ErrorKind(422, _INVALID, "not_invertible"),
+    le.ModelMismatchError: ErrorKind(422, _INVALID, "model_mismatch"),
     le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
     le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),
     le.TooFewPairsError: ErrorKind(422, _INVALID, "too_few_pairs"),

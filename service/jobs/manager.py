@@ -30,10 +30,12 @@ from lead.errors import (
     IdempotencyKeyReusedError,
     LeadError,
     LimitExceededError,
+    ModelMismatchError,
     NotReadyError,
     ShapeMismatchError,
 )
 from service.encoding import decode_vectors
+from service.errors import echo
 from service.jobs.datasets import inspect_dataset, load_paired, publish, receive_upload, save_pairs
 from service.jobs.layout import DataLayout
 from service.jobs.runner import ProcessRunner, Runner
@@ -215,6 +217,8 @@ class JobManager:
             Bad inline vectors, or too few pairs for the hold-out split.
         ConflictError
             If ``stitch_id`` is served, saved or produced by another job.
+        ModelMismatchError
+            If the dataset records a source or target model other than the job names.
         ShapeMismatchError
             If a model's dimension disagrees with the served stitches (the stitch could not
             be registered).
@@ -233,6 +237,14 @@ class JobManager:
             dataset = self.store.get_dataset(body.dataset)
             pairs, data_path = int(dataset.info["pairs"]), dataset.path
             d_src, d_tgt = int(dataset.info["source_dim"]), int(dataset.info["target_dim"])
+            for side in ("source_model", "target_model"):
+                recorded, asked = dataset.info.get(side), getattr(body, side)
+                if recorded is not None and recorded != asked:
+                    raise ModelMismatchError(
+                        f"{side} is {echo(asked)} but dataset {body.dataset} was recorded with "
+                        f"{echo(recorded)}; a stitch must name the models that made its vectors",
+                        param=side,
+                    )
         else:
             assert body.source is not None and body.target is not None
             inline = self._inline_pairs(body)

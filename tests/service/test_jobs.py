@@ -506,3 +506,28 @@ def test_unknown_options_of_the_seed_methods_are_refused(
         assert f"unknown option(s) for method {method!r}: {option}" in r.json()["error"]["message"]
     after = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
     assert len(after) == before  # nothing was queued
+
+
+def test_a_job_must_name_the_models_its_dataset_records(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    from jobs_helpers import dataset_bytes
+
+    sf = scifact_small
+    body = dataset_bytes(
+        sf.corpus["minilm"][:40],
+        sf.corpus["pml3"][:40],
+        metadata={"source_model": MINILM, "target_model": PML3},
+    )
+    dataset = upload(jobs, body)
+    assert dataset["source_model"] == MINILM
+    wrong = {"source_model": MINILM, "target_model": MPNET, "dataset": dataset["id"]}
+    r = jobs.post("/v1/jobs", json=wrong)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "model_mismatch" and error["param"] == "target_model"
+    assert PML3 in error["message"]
+    right = {**wrong, "target_model": PML3}
+    r = jobs.post("/v1/jobs", json=right)
+    assert r.status_code == 202, r.text
+    assert wait_job(jobs, r.json()["id"])["status"] == "succeeded"

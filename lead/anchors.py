@@ -27,6 +27,23 @@ MIN_ANCHORS = 4
 DEFAULT_ANCHOR_ALPHA = 0.01
 
 
+def check_anchor_options(**options: Any) -> dict[str, Any]:
+    """Validate the options of :func:`fit_anchors` (``alpha``, ``seed``; any subset).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming an option of the wrong type or out of range.
+    """
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name == "alpha":
+            out[name] = check_float_option(value, name, minimum=0.0)
+        else:
+            out[name] = check_int_option(value, name, minimum=0)
+    return out
+
+
 def fit_anchors(
     X: Any, Y: Any, *, alpha: float = DEFAULT_ANCHOR_ALPHA, seed: int = 0
 ) -> AffineStitch:
@@ -109,8 +126,8 @@ def fit_anchors(
     >>> torch.allclose(stitch.weight, M.T.float(), atol=1e-4)
     True
     """
-    alpha = check_float_option(alpha, "alpha", minimum=0.0)
-    seed = check_int_option(seed, "seed", minimum=0)
+    checked = check_anchor_options(alpha=alpha, seed=seed)
+    alpha, seed = checked["alpha"], checked["seed"]
     X, Y = check_pairs(X, Y, minimum=MIN_ANCHORS)
     k = X.shape[0]
     mean_x, mean_y = X.mean(dim=0), Y.mean(dim=0)

@@ -89,6 +89,8 @@ def _ridge_weight(lam: Tensor, V: Tensor, P: Tensor, alpha: float) -> Tensor:
 
 
 def _check_alpha(alpha: Any, param: str) -> float:
+    if isinstance(alpha, bool):
+        raise InvalidInputError(f"{param} must be a number, got {alpha!r}", param=param)
     try:
         value = float(alpha)
     except (TypeError, ValueError):
@@ -188,9 +190,7 @@ def fit_ridge(
             "alpha_selection": "given",
         }
     else:
-        grid = [_check_alpha(a, "alphas") for a in alphas]
-        if not grid:
-            raise InvalidInputError("alphas must not be empty", param="alphas")
+        grid = _check_alphas(alphas)
         try:
             details = _select_alpha(X, Y, grid, seed)
         except TooFewPairsError:
@@ -290,7 +290,7 @@ def _keyword_options(function: Callable[..., Any]) -> set[str]:
 
 
 def check_method_options(method: Any, options: dict[str, Any]) -> str:
-    """Check a method name and its option names (not their values) before fitting.
+    """Check a method name, its option names and their values, before any fitting.
 
     Parameters
     ----------
@@ -307,17 +307,18 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
     Raises
     ------
     InvalidInputError
-        For an unknown method (``param="method"``) or option (``param`` names it).
+        For an unknown method (``param="method"``), an unknown option or a bad value
+        (``param`` names the option).
     """
     canonical = METHODS.get(str(method).lower())
     if canonical is None:
         raise InvalidInputError(
             f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method"
         )
-    from lead.anchors import fit_anchors  # late: these modules import fitting
+    from lead.anchors import check_anchor_options, fit_anchors  # late: they import fitting
     from lead.invertible import InvertibleConfig
     from lead.training import MLPConfig
-    from lead.unsupervised import fit_unsupervised
+    from lead.unsupervised import check_unsupervised_options, fit_unsupervised
 
     configs = {"mlp": MLPConfig, "invertible": InvertibleConfig}
     functions: dict[str, Callable[..., Stitch]] = {
@@ -337,7 +338,35 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
             f"allowed: {', '.join(sorted(allowed)) or 'none'}",
             param=unknown[0],
         )
+    if canonical == "ridge":
+        if options.get("alpha") is not None:  # None: chosen on held-out pairs
+            _check_alpha(options["alpha"], "alpha")
+        if "alphas" in options:
+            _check_alphas(options["alphas"])
+    elif canonical == "procrustes":
+        _check_scaling(options.get("scaling", False))
+    elif canonical in configs:
+        configs[canonical](**options)  # the configs validate every value
+    elif canonical == "anchors":
+        check_anchor_options(**options)
+    else:
+        check_unsupervised_options(**options)
     return canonical
+
+
+def _check_alphas(alphas: Any) -> list[float]:
+    if isinstance(alphas, str | bytes) or not isinstance(alphas, Sequence):
+        raise InvalidInputError(f"alphas must be a list of numbers, got {alphas!r}", param="alphas")
+    grid = [_check_alpha(a, "alphas") for a in alphas]
+    if not grid:
+        raise InvalidInputError("alphas must not be empty", param="alphas")
+    return grid
+
+
+def _check_scaling(scaling: Any) -> bool:
+    if not isinstance(scaling, bool):
+        raise InvalidInputError("scaling must be true or false", param="scaling")
+    return scaling
 
 
 def fit_stitch(
@@ -426,8 +455,7 @@ def fit_stitch(
     if canonical == "ridge":
         stitch = fit_ridge(X, Y, seed=seed, **options)
     elif canonical == "procrustes":
-        if not isinstance(options.get("scaling", False), bool):
-            raise InvalidInputError("scaling must be true or false", param="scaling")
+        _check_scaling(options.get("scaling", False))
         stitch = fit_procrustes(X, Y, **options)
     elif canonical in keyword:
         stitch = keyword[canonical](X, Y, seed=seed, **options)

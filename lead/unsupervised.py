@@ -96,6 +96,48 @@ def _gromov_wasserstein(
     }
 
 
+#: Upper bounds of the options: a request can not make a fit run for days or fill memory
+#: (Gromov-Wasserstein works on sample_size² matrices, refinement on refine_size²).
+MAX_SAMPLE_SIZE, MAX_REFINE_SIZE, MAX_ROUNDS, MAX_GW_ITER, MAX_NEIGHBOURS = (
+    4000,
+    10000,
+    1000,
+    10000,
+    1000,
+)
+
+
+def check_unsupervised_options(**options: Any) -> dict[str, Any]:
+    """Validate the options of :func:`fit_unsupervised` (all keyword, all required here).
+
+    Returns
+    -------
+    dict
+        The options as plain ``int`` / ``float``.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first option of the wrong type or out of range.
+    """
+    ints = {
+        "sample_size": (MIN_UNPAIRED_ROWS, MAX_SAMPLE_SIZE),
+        "gw_max_iter": (1, MAX_GW_ITER),
+        "rounds": (0, MAX_ROUNDS),
+        "neighbours": (1, MAX_NEIGHBOURS),
+        "refine_size": (MIN_UNPAIRED_ROWS, MAX_REFINE_SIZE),
+        "seed": (0, None),
+    }
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name == "epsilon":
+            out[name] = check_float_option(value, name, minimum=0.0, inclusive=False, maximum=2.0)
+        else:
+            low, high = ints[name]
+            out[name] = check_int_option(value, name, minimum=low, maximum=high)
+    return out
+
+
 def fit_unsupervised(
     X: Any,
     Y: Any,
@@ -119,19 +161,19 @@ def fit_unsupervised(
         unknown order. ``n_y`` and ``d_tgt`` may differ from ``n_x`` and ``d_src``.
     sample_size : int, default 1000
         Rows drawn from each side for the Gromov–Wasserstein matching (all rows when a
-        side has fewer); ``>= 8``. Its cost grows as ``sample_size**3`` per iteration.
+        side has fewer); ``8 … 4000``. Its cost grows as ``sample_size**3`` per iteration.
     epsilon : float, default 0.003
         Entropic regularisation of the coupling, ``> 0``, on the scale of cosine
-        distances (``[0, 2]``). Smaller is sharper but slower and less stable.
+        distances (``(0, 2]``). Smaller is sharper but slower and less stable.
     gw_max_iter : int, default 500
-        Most outer iterations of the Gromov–Wasserstein solver, ``>= 1``.
+        Most outer iterations of the Gromov–Wasserstein solver, ``1 … 10000``.
     rounds : int, default 40
-        Refinement rounds (re-match, refit), ``>= 0``.
+        Refinement rounds (re-match, refit), ``0 … 1000``.
     neighbours : int, default 50
         Nearest neighbours averaged into each pseudo-target in the first refinement round,
-        ``>= 1``; the count falls linearly to 1 over the rounds.
+        ``1 … 1000``; the count falls linearly to 1 over the rounds.
     refine_size : int, default 4000
-        Rows drawn from each side for the refinement (all when fewer), ``>= 8``; memory
+        Rows drawn from each side for the refinement (all when fewer), ``8 … 10000``; memory
         grows as ``refine_size**2`` (about 260 MB at 4000).
     seed : int, default 0
         Seed of the row samples.
@@ -221,13 +263,20 @@ def fit_unsupervised(
     >>> torch.allclose(stitch.weight, Q.float(), atol=1e-3)
     True
     """
-    sample_size = check_int_option(sample_size, "sample_size", minimum=MIN_UNPAIRED_ROWS)
-    epsilon = check_float_option(epsilon, "epsilon", minimum=0.0, inclusive=False)
-    gw_max_iter = check_int_option(gw_max_iter, "gw_max_iter", minimum=1)
-    rounds = check_int_option(rounds, "rounds", minimum=0)
-    neighbours = check_int_option(neighbours, "neighbours", minimum=1)
-    refine_size = check_int_option(refine_size, "refine_size", minimum=MIN_UNPAIRED_ROWS)
-    seed = check_int_option(seed, "seed", minimum=0)
+    checked = check_unsupervised_options(
+        sample_size=sample_size,
+        epsilon=epsilon,
+        gw_max_iter=gw_max_iter,
+        rounds=rounds,
+        neighbours=neighbours,
+        refine_size=refine_size,
+        seed=seed,
+    )
+    sample_size, gw_max_iter, rounds = (
+        checked[k] for k in ("sample_size", "gw_max_iter", "rounds")
+    )
+    neighbours, refine_size, seed = (checked[k] for k in ("neighbours", "refine_size", "seed"))
+    epsilon = checked["epsilon"]
     X = as_matrix(X, name="X")
     Y = as_matrix(Y, name="Y")
     for name, Z in (("X", X), ("Y", Y)):

@@ -182,27 +182,24 @@ class JobCreate(PairsInput):
 
     @field_validator("options")
     @classmethod
-    def _no_reserved_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _checked_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from lead.errors import InvalidInputError
+        from lead.fitting import check_method_options
+
         reserved = sorted(_RESERVED_OPTIONS & set(value))
         if reserved:
             raise ValueError(f"set {', '.join(reserved)} as top-level fields, not as options")
+        if "method" in info.data:  # else the method itself was refused
+            try:
+                check_method_options(info.data["method"], value)
+            except InvalidInputError as error:
+                raise ValueError(str(error)) from None
         return value
 
     @model_validator(mode="after")
     def _two_models(self) -> JobCreate:
         if self.source_model == self.target_model:
             raise ValueError("source_model and target_model must differ")
-        return self
-
-    @model_validator(mode="after")
-    def _known_options(self) -> JobCreate:
-        from lead.errors import InvalidInputError
-        from lead.fitting import check_method_options
-
-        try:
-            check_method_options(self.method, self.options)
-        except InvalidInputError as error:
-            raise ValueError(str(error)) from None
         return self
 
 

@@ -157,3 +157,28 @@ def test_anchors_rank_better_than_ridge_on_the_same_300_pairs(shared_data: Path)
         with torch.no_grad():
             scores[method] = top1_accuracy_score(stitch(torch.from_numpy(X[test])), Y[test])
     assert scores["anchors"] > scores["ridge"] + 0.03, scores
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "param"),
+    [
+        ("ridge", {"alpha": True}, "alpha"),
+        ("ridge", {"alphas": None}, "alphas"),
+        ("ridge", {"alphas": []}, "alphas"),
+        ("ridge", {"alphas": "0.1"}, "alphas"),
+        ("procrustes", {"scaling": 1}, "scaling"),
+        ("mlp", {"loss": "hinge"}, "loss"),
+        ("invertible", {"coupling_layers": -2}, "coupling_layers"),
+        ("anchors", {"alpha": -1}, "alpha"),
+        ("unsupervised", {"rounds": 10**7}, "rounds"),
+        ("unsupervised", {"sample_size": 10**8}, "sample_size"),
+        ("unsupervised", {"refine_size": 10**9}, "refine_size"),
+        ("unsupervised", {"epsilon": float("nan")}, "epsilon"),
+    ],
+)
+def test_option_values_are_checked_before_any_fitting(
+    method: str, options: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        check_method_options(method, options)
+    assert caught.value.param == param

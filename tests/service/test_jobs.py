@@ -211,7 +211,6 @@ def test_cancel_a_running_and_a_queued_job(
     ("method", "options", "code"),
     [
         ("mlp", {"lr": 1e30, "hidden_dim": 16}, "fit_failed"),  # training diverges
-        ("mlp", {"loss": "bogus"}, "invalid_input"),  # a value: checked when the fit starts
     ],
 )
 def test_a_job_that_cannot_fit_fails_with_a_reason(
@@ -531,3 +530,20 @@ def test_a_job_must_name_the_models_its_dataset_records(
     r = jobs.post("/v1/jobs", json=right)
     assert r.status_code == 202, r.text
     assert wait_job(jobs, r.json()["id"])["status"] == "succeeded"
+
+
+def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_small: Any) -> None:
+    before = len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"])
+    for method, options, needle in (
+        ("ridge", {"alphas": None}, "alphas"),
+        ("ridge", {"alpha": True}, "alpha"),
+        ("unsupervised", {"rounds": 10**7}, "rounds"),
+        ("invertible", {"hidden_dim": 0}, "hidden_dim"),
+        ("mlp", {"loss": "bogus"}, "loss"),
+    ):
+        body = tiny_body(scifact_small, n=40, method=method, options=options)
+        r = jobs.post("/v1/jobs", json=body)
+        assert r.status_code == 422, r.text
+        assert needle in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "options"
+    assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before

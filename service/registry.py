@@ -62,6 +62,7 @@ class StitchRegistry:
         self.device = device
         self.dtype = dtype
         self._lock = threading.Lock()
+        self._sequence = 0
         self._entries: dict[str, StitchEntry] = {}
         self._pending: set[str] = set()
         self._failures: dict[str, LoadFailure] = {}
@@ -114,8 +115,9 @@ class StitchRegistry:
         """
         stitch = stitch.to(device=self.device, dtype=self.dtype).eval()
         probe_stitch(stitch, self.device, self.dtype)
-        entry = StitchEntry(stitch_id, stitch, origin, revision)
         with self._lock:
+            self._sequence += 1
+            entry = StitchEntry(stitch_id, stitch, origin, revision, self._sequence)
             if stitch_id in self._entries and not replace:
                 raise ConflictError(f"a stitch with id {echo(stitch_id)} is already served")
             for model, dim in (
@@ -220,9 +222,10 @@ class StitchRegistry:
         """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.
 
         Breadth-first search over the model graph (an edge per stitch), so a chain has the
-        fewest stitches possible. Ties go to configured stitches (bundled, local folders, Hub)
-        before those trained by jobs, then by stitch id: training a job never silently takes
-        over requests that name models; a job's stitch is addressed by its id.
+        fewest stitches possible. Among stitches joining the same models (:meth:`StitchEntry.
+        preference`): configured stitches (bundled, local folders, Hub) before those trained
+        by jobs, so training a job never silently takes over requests that name models (a
+        job's stitch is addressed by its id); then the best held-out R²; then the newest.
 
         Raises
         ------
@@ -238,7 +241,7 @@ class StitchRegistry:
                 f"source_model and target_model are both {echo(source_model)}", param="target_model"
             )
         with self._lock:
-            entries = sorted(self._entries.values(), key=lambda e: (e.origin == "job", e.id))
+            entries = sorted(self._entries.values(), key=StitchEntry.preference)
             still_loading = bool(self._pending)
         path = shortest_chain(entries, source_model, target_model)
         if path is None:

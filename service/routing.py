@@ -31,6 +31,25 @@ class StitchEntry:
     stitch: Stitch
     origin: Origin = "local"
     revision: str | None = None
+    #: Registration order (larger = newer), set by the registry.
+    sequence: int = 0
+
+    @property
+    def held_out_r2(self) -> float | None:
+        """The held-out R² of the stitch's scorecard, when it has a finite one."""
+        card = self.stitch.info.scorecard or {}
+        value = card.get("r2_score")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+            return float(value)
+        return None
+
+    def preference(self) -> tuple[bool, float, int, str]:
+        """Sort key among stitches joining the same models (smallest first): configured
+        stitches before job-trained ones, then the best held-out R² (none counts as
+        worst), then (job-trained) the newest, then the id."""
+        r2 = self.held_out_r2
+        job = self.origin == "job"
+        return (job, -r2 if r2 is not None else float("inf"), -self.sequence if job else 0, self.id)
 
     @property
     def source_model(self) -> str:

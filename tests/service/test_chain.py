@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,3 +94,46 @@ def test_configured_stitch_beats_a_job_stitch_for_the_same_models(
     )
     assert r.status_code == 200, r.text
     assert r.json()["stitch"]["id"] == "all-minilm-to-mpnet-job"
+
+
+def test_models_route_to_the_best_held_out_stitch_then_the_newest(
+    make_client: Any, fitted: Any, scifact_small: Any, tmp_path: Path
+) -> None:
+    """Two stitches join the same models: configured ones win over job-trained ones, then
+    the better held-out R², then (job-trained) the newer one."""
+    from lead.artifacts import load_stitch, save_stitch
+
+    x = scifact_small.queries["minilm"][:3]
+    for better, worse in (("b-good", "a-poor"), ("a-good", "b-poor")):
+        for stitch_id, r2 in ((better, 0.4), (worse, 0.1)):
+            stitch = load_stitch(fitted.folder("minilm-to-pml3"))
+            stitch.info.scorecard = {"r2_score": r2}
+            save_stitch(stitch, tmp_path / better / stitch_id)
+        client = make_client([str(tmp_path / better / s) for s in (better, worse)])
+        r = client.post("/v1/translate", json=_by_models_pml3(fitted, x))
+        assert r.status_code == 200, r.text
+        assert r.json()["stitch"]["id"] == better  # whatever the ids' order
+    registry = client.app.state.registry
+    newer = load_stitch(fitted.folder("minilm-to-pml3"))
+    newer.info.scorecard = {"r2_score": 0.9}
+    registry.register("job-one", newer, origin="job")
+    registry.register("job-two", load_stitch(fitted.folder("minilm-to-pml3")), origin="job")
+    r = client.post("/v1/translate", json=_by_models_pml3(fitted, x))
+    assert r.json()["stitch"]["id"] == "a-good"  # configured before job-trained
+    jobs_only = sorted(
+        (e for e in registry.entries() if e.origin == "job"), key=lambda e: e.preference()
+    )
+    assert [e.id for e in jobs_only] == ["job-one", "job-two"]  # better R² first
+    registry.register("job-three", newer, origin="job")
+    jobs_only = sorted(
+        (e for e in registry.entries() if e.origin == "job"), key=lambda e: e.preference()
+    )
+    assert [e.id for e in jobs_only][:2] == ["job-three", "job-one"]  # same R²: newest first
+
+
+def _by_models_pml3(fitted: Any, x: Any) -> dict[str, Any]:
+    return {
+        "source_model": fitted.models["minilm"],
+        "target_model": fitted.models["pml3"],
+        "input": x.tolist(),
+    }

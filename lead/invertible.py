@@ -36,7 +36,8 @@ class InvertibleConfig:
     Attributes
     ----------
     hidden_dim, coupling_layers : int
-        Width of each coupling network and the number of coupling layers.
+        Width of each coupling network (1 … 8192) and the number of coupling layers
+        (0 … 64).
     max_log_scale : float
         Bound on every coupling's log-scale (keeps the inverse well conditioned).
     lr, weight_decay : float
@@ -118,6 +119,9 @@ class InvertibleConfig:
             raise InvalidInputError(
                 "covariance_reg must be a finite number > 0, or null", param="covariance_reg"
             )
+        for name, most in (("hidden_dim", 8192), ("coupling_layers", 64)):
+            if getattr(self, name) > most:
+                raise InvalidInputError(f"{name} must be <= {most}", param=name)
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"

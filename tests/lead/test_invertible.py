@@ -173,6 +173,8 @@ def test_training_reports_and_is_deterministic(scifact_small: Any) -> None:
         ({"coupling_layers": -1}, "coupling_layers"),
         ({"coupling_layers": True}, "coupling_layers"),
         ({"hidden_dim": 0}, "hidden_dim"),
+        ({"hidden_dim": 100_000}, "hidden_dim"),
+        ({"coupling_layers": 1000}, "coupling_layers"),
         ({"hidden_dim": 2.5}, "hidden_dim"),
         ({"lr": 0}, "lr"),
         ({"lr": None}, "lr"),

@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from lead.errors import InvalidInputError, LeadError, NonFiniteOutputError, ShapeMismatchError
+from lead.errors import (
+    InvalidInputError,
+    LeadError,
+    NonFiniteOutputError,
+    NotInvertibleError,
+    ShapeMismatchError,
+)
 from lead.splits import holdout_split
 
 __all__ = ["build_parser", "main"]
@@ -272,35 +278,47 @@ def _translate(args: argparse.Namespace) -> int:
 
     from lead.artifacts import load_stitch
     from lead.data import EmbeddingReader, EmbeddingWriter
+    from lead.stitches import InvertibleStitch
 
     stitch = load_stitch(args.stitch, device=args.device)
+    run: Callable[[torch.Tensor], torch.Tensor] = stitch
+    d_in, d_out = stitch.d_src, stitch.d_tgt
+    models = (stitch.info.source_model, stitch.info.target_model)
+    if args.inverse:
+        if not isinstance(stitch, InvertibleStitch):
+            raise NotInvertibleError(
+                f"--inverse needs an invertible stitch; {args.stitch} is {stitch.architecture!r}",
+                param="inverse",
+            )
+        run, d_in, d_out, models = stitch.inverse, d_out, d_in, models[::-1]
     reader = EmbeddingReader(args.input)
-    if reader.shape[1] != stitch.d_src:
+    if reader.shape[1] != d_in:
         raise ShapeMismatchError(
-            f"{args.input} has dimension {reader.shape[1]}, the stitch expects {stitch.d_src}",
-            expected=stitch.d_src,
+            f"{args.input} has dimension {reader.shape[1]}, the stitch expects {d_in}",
+            expected=d_in,
             got=reader.shape[1],
             param="input",
         )
     meta = {
         "stitch": str(args.stitch),
-        "source_model": stitch.info.source_model,
-        "target_model": stitch.info.target_model,
+        "direction": "inverse" if args.inverse else "forward",
+        "source_model": models[0],
+        "target_model": models[1],
         "source_file": str(args.input),
     }
     n, param = len(reader), next(stitch.parameters())
     with (
-        EmbeddingWriter(args.output, n, stitch.d_tgt, metadata=meta) as writer,
+        EmbeddingWriter(args.output, n, d_out, metadata=meta) as writer,
         tqdm(total=n, unit="vec", desc="translate", file=sys.stderr) as bar,
         torch.inference_mode(),
     ):
         for start, rows in reader.iter_batches(args.batch_size):
-            out = stitch(torch.from_numpy(rows).to(device=param.device, dtype=param.dtype))
+            out = run(torch.from_numpy(rows).to(device=param.device, dtype=param.dtype))
             if not bool(torch.isfinite(out).all()):
                 raise NonFiniteOutputError(f"the stitch produced NaN or infinity near row {start}")
             writer.write(out.float().cpu().numpy())
             bar.update(len(rows))
-    print(json.dumps({"output": str(args.output), "rows": n, "dim": stitch.d_tgt}))
+    print(json.dumps({"output": str(args.output), "rows": n, "dim": d_out}))
     return 0
 
 
@@ -410,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--input", required=True, metavar="FILE[:TENSOR]")
     translate.add_argument("--output", required=True, metavar="FILE", help=".npy or .safetensors")
     translate.add_argument("--batch-size", type=int, default=4096)
+    translate.add_argument(
+        "--inverse",
+        action="store_true",
+        help="run an invertible stitch backwards (target-model vectors in, source-model out)",
+    )
     translate.add_argument("--device", default="cpu")
     translate.set_defaults(handler=_translate)
 

@@ -23,9 +23,9 @@ from lead import metrics
 from lead._apply import apply_stitch
 from lead._metric_inputs import _pair
 from lead._validation import as_matrix
-from lead.errors import InvalidInputError, ShapeMismatchError
+from lead.errors import InvalidInputError, ModelMismatchError, ShapeMismatchError
 from lead.retrieval import Qrels, retrieval_scores
-from lead.stitches import InvertibleStitch, Stitch
+from lead.stitches import InvertibleStitch, Stitch, StitchInfo
 
 __all__ = [
     "CORE_METRICS",
@@ -250,6 +250,27 @@ def _retrieval(
     return out
 
 
+def _check_reverse_models(stitch: Stitch, reverse: Stitch) -> None:
+    """The reverse stitch must map the stitch's target model to its source model (models
+    left at their ``unknown-*`` defaults are not compared)."""
+    default = StitchInfo()
+    pairs = (
+        ("source_model", reverse.info.source_model, stitch.info.target_model),
+        ("target_model", reverse.info.target_model, stitch.info.source_model),
+    )
+    for side, got, expected in pairs:
+        known = got not in (default.source_model, default.target_model) and expected not in (
+            default.source_model,
+            default.target_model,
+        )
+        if known and got != expected:
+            raise ModelMismatchError(
+                f"the reverse stitch's {side} is {got!r}, expected {expected!r}: a round trip "
+                "goes back from the stitch's target model to its source model",
+                param="reverse",
+            )
+
+
 def round_trip_scores(stitch: Stitch, X: Any, *, reverse: Stitch | None = None) -> dict[str, Any]:
     """Translate source vectors to the target space and back (A → B → A), and compare.
 
@@ -276,6 +297,8 @@ def round_trip_scores(stitch: Stitch, X: Any, *, reverse: Stitch | None = None) 
         If the dimensions of ``X``, ``stitch`` and ``reverse`` do not join up.
     NotInvertibleError
         If ``reverse`` is omitted and ``stitch`` is not invertible.
+    ModelMismatchError
+        If ``reverse`` does not map the stitch's target model back to its source model.
     NonFiniteError, TooFewPairsError, NonFiniteOutputError
         For bad input, fewer than 4 rows, or NaN from a stitch.
 
@@ -297,6 +320,7 @@ def round_trip_scores(stitch: Stitch, X: Any, *, reverse: Stitch | None = None) 
                 got=(reverse.d_src, reverse.d_tgt),
                 param="reverse",
             )
+        _check_reverse_models(stitch, reverse)
         back = apply_stitch(reverse, there)
     back = back.to(source.device)
     return {

@@ -182,3 +182,42 @@ def test_option_values_are_checked_before_any_fitting(
     with pytest.raises(InvalidInputError) as caught:
         check_method_options(method, options)
     assert caught.value.param == param
+
+
+def test_round_trips_need_a_stitch_of_the_opposite_direction(scifact_small: Any) -> None:
+    from lead.errors import ModelMismatchError
+    from lead.scorecard import round_trip_scores
+    from lead.stitches import StitchInfo
+
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    there = fit_stitch(X, Y, "ridge", info=StitchInfo(source_model="a", target_model="b"))
+    same = fit_stitch(X, Y, "ridge", info=StitchInfo(source_model="a", target_model="b"))
+    back = fit_stitch(Y, X, "ridge", info=StitchInfo(source_model="b", target_model="a"))
+    with pytest.raises(ModelMismatchError, match="reverse stitch"):
+        round_trip_scores(there, X, reverse=same)
+    assert round_trip_scores(there, X, reverse=back)["round_trip_top1_accuracy_score"] > 0.5
+
+
+def test_cli_translate_inverse_round_trips_through_files(
+    scifact_small: Any, tmp_path: Path
+) -> None:
+    from safetensors.numpy import load_file
+
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    out = str(tmp_path / "inv")
+    argv = ["fit", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy")]
+    argv += ["--method", "invertible", "--option", "max_epochs=1", "--option", "hidden_dim=16"]
+    assert main([*argv, "--source-model", "a", "--target-model", "b", "--out", out]) == 0
+    there, back = str(tmp_path / "there.safetensors"), str(tmp_path / "back.safetensors")
+    assert main(["translate", out, "--input", str(tmp_path / "x.npy"), "--output", there]) == 0
+    assert main(["translate", out, "--input", there, "--output", back, "--inverse"]) == 0
+    x_back = next(iter(load_file(back).values()))
+    cosine = (x_back * X).sum(axis=1) / np.linalg.norm(x_back, axis=1) / np.linalg.norm(X, axis=1)
+    assert cosine.min() > 0.999
+    ridge = str(tmp_path / "ridge")
+    argv = ["fit", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy")]
+    assert main([*argv, "--source-model", "a", "--target-model", "b", "--out", ridge]) == 0
+    code = main(["translate", ridge, "--input", there, "--output", back, "--inverse"])
+    assert code == 2  # not invertible: a LEAD error

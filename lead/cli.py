@@ -250,6 +250,8 @@ def _fit_unpaired(args: argparse.Namespace) -> int:
     info = _info_from(args, {"data": {"source": args.source, "target": args.target}})
     stitch = _fit_with_progress(X, Y, "unsupervised", info, args)
     save_stitch(stitch, args.out)
+    for warning in stitch.info.fit.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(stitch.info.fit, indent=2))
     return 0
 

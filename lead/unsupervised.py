@@ -189,7 +189,8 @@ def fit_unsupervised(
         ``refine_size``, ``rounds``, ``neighbours_per_round``, ``matched_pairs`` (mutual
         nearest neighbours among the refinement rows after the last round: a confidence
         figure), ``matched_cosine`` (their mean cosine), ``scale``, ``seed``,
-        ``gw_seconds`` and ``seconds``.
+        ``gw_seconds``, ``seconds`` and ``warnings`` (reasons to distrust the fit, e.g.
+        fewer than :data:`RELIABLE_ROWS` rows on a side; empty when none).
 
     Raises
     ------
@@ -347,4 +348,28 @@ def fit_unsupervised(
         "gw_seconds": round(gw_seconds, 3),
         "seconds": round(time.perf_counter() - start, 3),
     }
+    stitch.info.fit["warnings"] = _warnings(stitch.info.fit)
     return stitch.requires_grad_(False)
+
+
+#: Fewest rows per side at which the bench saw reliable unpaired matching (SciFact:
+#: held-out top-1 0.78 at 2,000 rows, 0.60 with 1,000 refinement rows; 200 fails).
+RELIABLE_ROWS = 1000
+
+
+def _warnings(fit: dict[str, Any]) -> list[str]:
+    """Reasons to distrust an unpaired fit, for the user to read (empty when none)."""
+    out = []
+    fewest = min(fit["unpaired_rows"])
+    if fewest < RELIABLE_ROWS:
+        out.append(
+            f"only {fewest} rows on one side: matching without pairs is unreliable below "
+            f"about {RELIABLE_ROWS} rows per side; check the stitch on a few known pairs "
+            "(lead score) before using it"
+        )
+    if fit.get("gw_solver_warnings"):
+        out.append(
+            f"the Gromov-Wasserstein solver reported {fit['gw_solver_warnings']} numerical "
+            "warnings; a larger epsilon may match more reliably"
+        )
+    return out

@@ -69,7 +69,9 @@ def test_unsupervised_takes_different_row_counts(scifact_small: Any) -> None:
     assert top1_accuracy_score(pred, Y[:200]) > 0.2  # chance: 1 / 200
 
 
-def test_cli_fit_unpaired_then_score(scifact_small: Any, tmp_path: Path) -> None:
+def test_cli_fit_unpaired_then_score(
+    scifact_small: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
     np.save(tmp_path / "x.npy", X[:250])
     np.save(tmp_path / "y.npy", Y[150:])  # other documents, another row count
@@ -80,6 +82,9 @@ def test_cli_fit_unpaired_then_score(scifact_small: Any, tmp_path: Path) -> None
     assert main([*argv, *options, "--out", str(out)]) == 0
     config = read_stitch_config(out)
     assert config["fit"]["method"] == "unsupervised"
+    # 250 and 250 rows: below what unpaired matching needs to be reliable, and it says so
+    assert any("unreliable below" in w for w in config["fit"]["warnings"])
+    assert "warning: only 250 rows" in capsys.readouterr().err
     assert config["fit"]["data"] == {
         "source": str(tmp_path / "x.npy"),
         "target": str(tmp_path / "y.npy"),

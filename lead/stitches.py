@@ -418,7 +418,7 @@ class InvertibleStitch(Stitch):
             x = self.inverse_raw(y)
         return (unit_rows(x) if self.normalize_inverse_output else x).to(y.dtype)
 
-    def _inverse_on_ray(self, y: Tensor, steps: int = 12) -> Tensor:
+    def _inverse_on_ray(self, y: Tensor, steps: int = 20) -> Tensor:
         """The unit-length preimage of the ray through each row of ``y`` (secant method).
 
         A normalised forward map forgets the length of its raw output, so a unit target
@@ -427,6 +427,7 @@ class InvertibleStitch(Stitch):
         ``c = 1`` (training keeps raw output lengths near 1); a round trip through the
         normalised map then returns its input.
         """
+        y = unit_rows(y)  # the ray does not depend on the length of y
         c0 = torch.ones(y.shape[0], 1, dtype=torch.float64, device=y.device)
         c1 = c0 * 1.02
 
@@ -439,7 +440,7 @@ class InvertibleStitch(Stitch):
             slope = (g1 - g0) / (c1 - c0)
             move = torch.where(slope.abs() > 1e-12, g1 / slope, torch.zeros_like(g1))
             c0, g0 = c1, g1
-            c1 = (c1 - move).clamp(0.2, 5.0)
+            c1 = (c1 - move).clamp(0.05, 20.0)
             if bool((c1 == c0).all()):
                 break
             g1 = gap(c1)

@@ -213,3 +213,13 @@ def test_different_dimensions_train(scifact_small: Any) -> None:
     assert y.shape == (80, 768) and back.shape == (80, 384)
     cosine = torch.nn.functional.cosine_similarity(back, torch.from_numpy(Xt))
     assert float(cosine.min()) >= 0.999
+
+
+def test_the_inverse_of_a_normalised_stitch_ignores_the_input_length(trained: Any) -> None:
+    stitch, (_, _, _, Yt) = trained
+    y = torch.from_numpy(Yt)
+    with torch.no_grad():
+        unit = stitch.inverse(y)
+        for k in (1e-6, 0.01, 10.0, 1e20):
+            cosine = torch.nn.functional.cosine_similarity(stitch.inverse(y * k), unit)
+            assert float(cosine.min()) > 0.9999, k

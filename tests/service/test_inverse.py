@@ -59,7 +59,7 @@ def test_inverse_answers_in_the_source_space(
         expected = stitch.inverse(torch.from_numpy(y)).numpy()
     got = embeddings(body)
     assert got.shape == (9, 384)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_round_trip_over_http_returns_the_input(inv_client: TestClient, queries: Any) -> None:

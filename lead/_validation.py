@@ -165,17 +165,20 @@ def check_config_fields(config: Any, *, zero_ok: frozenset[str] = frozenset()) -
 
 
 def check_device(name: Any) -> torch.device:
-    """Parse a torch device name; CUDA must be available when asked for.
+    """Parse a torch device name: ``cpu`` or ``cuda[:N]``, CUDA available when asked for.
 
     Raises
     ------
     InvalidInputError
-        For an unknown device, or ``cuda`` on a machine without CUDA.
+        For an unknown or unsupported device (``meta``, ``mps``, ...), or ``cuda`` on a
+        machine without CUDA.
     """
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise InvalidInputError(f"unknown device {name!r}", param="device") from None
+    if device.type not in ("cpu", "cuda"):
+        raise InvalidInputError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}", param="device")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidInputError(
             "device 'cuda' asked for, but CUDA is not available", param="device"

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lead._validation import as_matrix, check_pairs
-from lead.errors import FitError, InvalidInputError, TooFewPairsError
+from lead.errors import FitError, InvalidInputError, LeadError, NonFiniteError, TooFewPairsError
 from lead.splits import holdout_split
 from lead.stitches import AffineStitch, OrthogonalStitch, Stitch, StitchInfo
 
@@ -452,25 +452,35 @@ def fit_stitch(
     if progress is not None and closed_form:
         progress("fit", 0, 1)
     stitch: Stitch
-    if canonical == "ridge":
-        stitch = fit_ridge(X, Y, seed=seed, **options)
-    elif canonical == "procrustes":
-        _check_scaling(options.get("scaling", False))
-        stitch = fit_procrustes(X, Y, **options)
-    elif canonical in keyword:
-        stitch = keyword[canonical](X, Y, seed=seed, **options)
-    elif canonical == "mlp":
-        config = MLPConfig(**options, seed=seed)
-        stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
-    else:
-        stitch = train_invertible(
-            X,
-            Y,
-            InvertibleConfig(**options, seed=seed),
-            progress,
-            normalize_output=bool(normalize_output),
-            normalize_inverse_output=info.source_normalized,
-        )
+    try:
+        if canonical == "ridge":
+            stitch = fit_ridge(X, Y, seed=seed, **options)
+        elif canonical == "procrustes":
+            _check_scaling(options.get("scaling", False))
+            stitch = fit_procrustes(X, Y, **options)
+        elif canonical in keyword:
+            stitch = keyword[canonical](X, Y, seed=seed, **options)
+        elif canonical == "mlp":
+            config = MLPConfig(**options, seed=seed)
+            stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
+        else:
+            stitch = train_invertible(
+                X,
+                Y,
+                InvertibleConfig(**options, seed=seed),
+                progress,
+                normalize_output=bool(normalize_output),
+                normalize_inverse_output=info.source_normalized,
+            )
+    except NonFiniteError as error:  # the inputs were checked above: an intermediate value
+        raise FitError(
+            f"the {canonical} fit met a non-finite intermediate value ({error}); the inputs "
+            "may span too many orders of magnitude"
+        ) from None
+    except (RuntimeError, OverflowError) as error:
+        if isinstance(error, LeadError):  # FitError, JobCancelledError, ...
+            raise
+        raise FitError(f"the {canonical} fit failed: {error}") from None
     if progress is not None and closed_form:
         progress("fit", 1, 1)
     info.fit = {

@@ -25,6 +25,19 @@ from lead.stitches import InvertibleStitch, _Coupling, unit_rows
 __all__ = ["COVARIANCE_REGS", "InvertibleConfig", "train_invertible"]
 
 INITS = ("ridge-features", "zero")
+#: Largest accepted values: a request can neither exhaust memory nor overflow float32.
+_MOST: dict[str, float] = {
+    "hidden_dim": 4096,
+    "coupling_layers": 32,
+    "max_epochs": 10_000,
+    "lr": 10.0,
+    "linear_lr_scale": 100.0,
+    "init_scale": 1000.0,
+    "init_offset": 1000.0,
+    "inverse_weight": 1.0,
+    "norm_weight": 1e6,
+    "weight_decay": 1e3,
+}
 #: Covariance regularisations tried for the linear start when none is given.
 COVARIANCE_REGS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
 
@@ -36,8 +49,8 @@ class InvertibleConfig:
     Attributes
     ----------
     hidden_dim, coupling_layers : int
-        Width of each coupling network (1 … 8192) and the number of coupling layers
-        (0 … 64).
+        Width of each coupling network (1 … 4096) and the number of coupling layers
+        (0 … 32).
     max_log_scale : float
         Bound on every coupling's log-scale (keeps the inverse well conditioned).
     lr, weight_decay : float
@@ -53,8 +66,8 @@ class InvertibleConfig:
         axis), at a cost in forward accuracy. The default, 0.01, keeps the forward map
         close to least squares while the inverse ranks target vectors almost as well.
     covariance_reg : float or None
-        The covariances whitened for the linear start get ``covariance_reg`` times their
-        mean eigenvalue added to every eigenvalue. None (default) tries
+        The covariances whitened for the linear start get ``covariance_reg`` (1e-8 … 1e4)
+        times their mean eigenvalue added to every eigenvalue. None (default) tries
         :data:`COVARIANCE_REGS` and keeps the one with the least held-out loss (few pairs
         for the dimension need more).
     norm_weight : float
@@ -114,20 +127,18 @@ class InvertibleConfig:
             raise InvalidInputError("holdout_fraction must be below 1", param="holdout_fraction")
         reg = self.covariance_reg
         if reg is not None and (
-            isinstance(reg, bool) or not isinstance(reg, int | float) or not 0 < reg < float("inf")
+            isinstance(reg, bool) or not isinstance(reg, int | float) or not 1e-8 <= reg <= 1e4
         ):
             raise InvalidInputError(
-                "covariance_reg must be a finite number > 0, or null", param="covariance_reg"
+                "covariance_reg must be a number in [1e-8, 1e4], or null", param="covariance_reg"
             )
-        for name, most in (("hidden_dim", 8192), ("coupling_layers", 64)):
+        for name, most in _MOST.items():
             if getattr(self, name) > most:
                 raise InvalidInputError(f"{name} must be <= {most}", param=name)
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"
             )
-        if self.inverse_weight > 1:
-            raise InvalidInputError("inverse_weight must be <= 1", param="inverse_weight")
         if self.max_log_scale > 10:
             raise InvalidInputError("max_log_scale must be <= 10", param="max_log_scale")
         if self.min_singular_ratio >= 1:
@@ -271,7 +282,8 @@ def train_invertible(
     Parameters
     ----------
     X : array_like or Tensor of shape (n, d_src)
-        Source-model vectors, ``n >= 8``.
+        Source-model vectors; ``n >= 8``, and enough that ``holdout_fraction`` of them is
+        at least 4 pairs (40 with the default 0.1).
     Y : array_like or Tensor of shape (n, d_tgt)
         Target-model vectors of the same items.
     config : InvertibleConfig, optional

@@ -36,7 +36,7 @@ class MLPConfig:
     Attributes
     ----------
     hidden_dim, depth : int
-        Width and number of hidden layers of the residual MLP.
+        Width (at most 16,384) and number of hidden layers (at most 16) of the residual MLP.
     loss : {"mse", "cosine", "infonce"}
         Mean squared error, 1 − mean cosine similarity, or in-batch contrastive (InfoNCE)
         loss of predicted against true target vectors.
@@ -45,7 +45,8 @@ class MLPConfig:
         optimum, moves at a tenth of it), and their decoupled weight decay (the affine
         ``weight`` is not decayed).
     batch_size, max_epochs, patience : int
-        Mini-batch size; most epochs; epochs without held-out improvement before stopping.
+        Mini-batch size; most epochs (at most 10,000); epochs without held-out improvement
+        before stopping.
     holdout_fraction : float
         Share of the pairs held out for early stopping.
     temperature : float
@@ -83,6 +84,9 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         check_config_fields(self, zero_ok=frozenset({"weight_decay", "init_offset"}))
+        for name, most in (("hidden_dim", 16384), ("depth", 16), ("max_epochs", 10_000)):
+            if getattr(self, name) > most:
+                raise InvalidInputError(f"{name} must be <= {most}", param=name)
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"

@@ -226,3 +226,36 @@ def test_cli_translate_inverse_round_trips_through_files(
     assert main([*argv, "--source-model", "a", "--target-model", "b", "--out", ridge]) == 0
     code = main(["translate", ridge, "--input", there, "--output", back, "--inverse"])
     assert code == 2  # not invertible: a LEAD error
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "param"),
+    [
+        ("invertible", {"lr": 1e300}, "lr"),
+        ("invertible", {"init_scale": 1e300}, "init_scale"),
+        ("invertible", {"max_epochs": 10**9}, "max_epochs"),
+        ("invertible", {"covariance_reg": 1e-300}, "covariance_reg"),
+        ("invertible", {"device": "meta"}, "device"),
+        ("mlp", {"device": "mps"}, "device"),
+        ("mlp", {"max_epochs": 10**9}, "max_epochs"),
+    ],
+)
+def test_extreme_values_are_refused_before_fitting(
+    method: str, options: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        check_method_options(method, options)
+    assert caught.value.param == param
+
+
+def test_a_fit_that_meets_non_finite_values_is_a_fit_error(scifact_small: Any) -> None:
+    from lead.errors import FitError
+
+    X, Y = scifact_small.corpus["minilm"][:60], scifact_small.corpus["pml3"][:60]
+    try:
+        stitch = fit_stitch(X * 1e-40, Y, "invertible", max_epochs=1, hidden_dim=8)
+    except FitError as error:  # never NonFiniteError blaming finite inputs
+        assert "non-finite" in str(error) or "failed" in str(error)
+    else:
+        with torch.no_grad():
+            assert bool(torch.isfinite(stitch(torch.from_numpy(X * 1e-40))).all())

@@ -117,8 +117,14 @@ def alignment_scores(
         ``{"pairs": rows used, "linear_cka_score": [0, 1], "unbiased_cka_score": [-1, 1],
         "mutual_knn_score": [0, 1], "cknna_score": [-1, 1], "cycle_knn_score": [0, 1],
         "svcca_score": [0, 1] or None, "pwcca_score": [0, 1] or None,
-        "ridge_r2_score": (-inf, 1], "folds": folds}``; all best at 1. The two CCA scores
-        are None when there are too few pairs for CCA (see Notes).
+        "ridge_r2_score": (-inf, 1], "folds": folds, "k": int, "distinct_pairs": int,
+        "shuffled_baseline": {...}}``; all best at 1. The two CCA scores are None when
+        there are too few pairs for CCA (see Notes). ``k`` is the neighbourhood size used
+        (``min(k, n - 2)``); ``distinct_pairs`` counts distinct (source, target) rows
+        (repeated rows inflate every score); ``shuffled_baseline`` holds the same
+        similarity scores with the target rows in a seeded random order: what unrelated
+        sets of this size and shape score, so a score means something only well above it
+        (few pairs, duplicates and CCA near its pair threshold all raise the baseline).
 
     Raises
     ------
@@ -187,12 +193,24 @@ def alignment_scores(
     _check_varies(A, "X", "source")
     _check_varies(B, "Y", "target")
     ridge_r2 = _ridge_r2(A.cpu(), B.cpu(), folds, seed)
+    k = min(k, n - 2)
+    shuffle = torch.from_numpy(np.random.default_rng(seed).permutation(n)).to(B.device)
     return {
         "pairs": n,
-        "linear_cka_score": metrics.linear_cka_score(A, B),
-        "unbiased_cka_score": metrics.unbiased_cka_score(A, B),
-        **similarity._knn_scores(A, B, min(k, n - 2)),
-        **similarity._cca_scores(A, B),
+        **_similarity(A, B, k),
         "ridge_r2_score": ridge_r2,
         "folds": folds,
+        "k": k,
+        "distinct_pairs": int(torch.unique(torch.cat([A, B], dim=1), dim=0).shape[0]),
+        "shuffled_baseline": _similarity(A, B[shuffle], k),
+    }
+
+
+def _similarity(A: torch.Tensor, B: torch.Tensor, k: int) -> dict[str, float | None]:
+    """Every representation-similarity score of two validated sets (k-NN with ``k``)."""
+    return {
+        "linear_cka_score": metrics.linear_cka_score(A, B),
+        "unbiased_cka_score": metrics.unbiased_cka_score(A, B),
+        **similarity._knn_scores(A, B, k),
+        **similarity._cca_scores(A, B),
     }

@@ -45,7 +45,7 @@ class MLPConfig:
         optimum, moves at a tenth of it), and their decoupled weight decay (the affine
         ``weight`` is not decayed).
     batch_size, max_epochs, patience : int
-        Mini-batch size; most epochs (at most 10,000); epochs without held-out improvement
+        Mini-batch size; most epochs (at most 100,000); epochs without held-out improvement
         before stopping.
     holdout_fraction : float
         Share of the pairs held out for early stopping.
@@ -84,7 +84,7 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         check_config_fields(self, zero_ok=frozenset({"weight_decay", "init_offset"}))
-        for name, most in (("hidden_dim", 16384), ("depth", 16), ("max_epochs", 10_000)):
+        for name, most in (("hidden_dim", 16384), ("depth", 16), ("max_epochs", 100_000)):
             if getattr(self, name) > most:
                 raise InvalidInputError(f"{name} must be <= {most}", param=name)
         if self.init not in INITS:

@@ -50,7 +50,11 @@ class TranslateOptions(BaseModel):
     )
     # strict: JSON true / false only (not "yes", 1 or "true")
     normalize: bool = Field(
-        default=False, strict=True, description="L2-normalise the output vectors."
+        default=False,
+        strict=True,
+        description="L2-normalise the output vectors. Stitches whose `normalize_output` is "
+        "true (every stitch fitted on unit-length target vectors, the bundled ones included) "
+        "answer with unit vectors anyway.",
     )
     strict: bool = Field(
         default=False,

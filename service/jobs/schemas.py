@@ -363,3 +363,12 @@ class AlignResponse(BaseModel):
         description="Cross-validated ridge R², the 'alignability' (1 best; ≤ 0 no better than "
         "the mean)."
     )
+    k: int = Field(description="Neighbourhood size the k-NN scores used: min(10, pairs - 2).")
+    distinct_pairs: int = Field(
+        description="Distinct (source, target) rows; repeated rows inflate every score."
+    )
+    shuffled_baseline: dict[str, float | None] = Field(
+        description="The same similarity scores with the target rows in a seeded random "
+        "order: what unrelated sets of this size score. Few pairs, repeated rows and CCA near "
+        "its pair threshold raise it; a score means something only well above it."
+    )

@@ -24,6 +24,9 @@ KEYS = [
     "pwcca_score",
     "ridge_r2_score",
     "folds",
+    "k",
+    "distinct_pairs",
+    "shuffled_baseline",
 ]
 
 
@@ -158,3 +161,18 @@ def test_sets_that_do_not_vary_are_refused(side: str, kind: str) -> None:
     assert info.value.param == side
     tiny_but_varying = 1e-6 * good  # small scale is fine: the check is relative
     assert alignment_scores(tiny_but_varying, good)["linear_cka_score"] == pytest.approx(1.0)
+
+
+def test_the_shuffled_baseline_shows_what_chance_scores(scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
+    real = alignment_scores(X, Y, folds=2)
+    assert real["k"] == 10 and real["distinct_pairs"] == 400
+    base = real["shuffled_baseline"]
+    for key in ("unbiased_cka_score", "mutual_knn_score", "cknna_score", "cycle_knn_score"):
+        assert real[key] > base[key] + 0.2, key
+    # a dozen rows: k drops to 10 and chance alone scores high, which the baseline shows
+    few = alignment_scores(X[:12], Y[:12], folds=2)
+    assert few["k"] == 10 and few["shuffled_baseline"]["cycle_knn_score"] >= 0.5
+    # repeated rows are counted
+    repeated = alignment_scores(np.repeat(X[:20], 5, axis=0), np.repeat(Y[:20], 5, axis=0))
+    assert repeated["pairs"] == 100 and repeated["distinct_pairs"] == 20

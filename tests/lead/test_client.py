@@ -107,7 +107,10 @@ def test_align_inline_and_by_dataset(lead: LeadClient, scifact_small: Any) -> No
     expected = alignment_scores(X, Y, folds=2)
     # 40 pairs of 384-dimensional vectors are too few for PWCCA: null on both paths
     assert got.pop("pwcca_score") is None and expected.pop("pwcca_score") is None
+    baseline, expected_baseline = got.pop("shuffled_baseline"), expected.pop("shuffled_baseline")
     assert got == pytest.approx(expected)
+    assert baseline.keys() == expected_baseline.keys()
+    assert baseline["unbiased_cka_score"] == pytest.approx(expected_baseline["unbiased_cka_score"])
     dataset = lead.upload_pairs(X, Y)
     by_id = lead.align(dataset=dataset["id"], folds=2)
     assert by_id["linear_cka_score"] == pytest.approx(got["linear_cka_score"])

@@ -35,8 +35,13 @@ def _close(got: dict[str, Any], expected: dict[str, Any]) -> None:
     assert set(got) == {"object", *expected}
     undefined = {k for k, v in expected.items() if v is None}  # a CCA score with too few pairs
     assert {k for k, v in got.items() if v is None} == undefined
-    defined = {k: v for k, v in got.items() if k != "object" and k not in undefined}
+    skip = {"object", "shuffled_baseline"} | undefined
+    defined = {k: v for k, v in got.items() if k not in skip}
     assert defined == pytest.approx({k: expected[k] for k in defined}, rel=1e-9)
+    baseline = got["shuffled_baseline"]
+    assert set(baseline) == set(expected["shuffled_baseline"])
+    for key, value in expected["shuffled_baseline"].items():
+        assert baseline[key] == (None if value is None else pytest.approx(value, rel=1e-9))
 
 
 def test_align_inline_pairs(client: TestClient, scifact_small: Any) -> None:

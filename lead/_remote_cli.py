@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 import httpx
 
-from lead.client import LeadClient
+from lead.client import DEFAULT_SERVER_URL, LeadClient
 
 __all__ = ["add_remote_commands", "connect"]
 
@@ -51,8 +52,13 @@ def _remote(handler: Any) -> Any:
             with connect(args) as client:
                 return int(handler(client, args))
         except httpx.TransportError as error:
-            server = args.server or "LEAD_SERVER_URL"
-            return _fail(f"cannot reach the LEAD server at {server}: {error}")
+            if args.server:
+                where = f"{args.server} (--server)"
+            elif os.environ.get("LEAD_SERVER_URL"):
+                where = f"{os.environ['LEAD_SERVER_URL']} (LEAD_SERVER_URL)"
+            else:
+                where = f"{DEFAULT_SERVER_URL} (the default: set --server or LEAD_SERVER_URL)"
+            return _fail(f"cannot reach the LEAD server at {where}: {error}")
 
     return run
 

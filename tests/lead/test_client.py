@@ -239,3 +239,22 @@ def test_cli_unreachable_server(monkeypatch: pytest.MonkeyPatch, capsys: Any) ->
     monkeypatch.setattr(_remote_cli, "connect", connect)
     assert main(["jobs", "list", "--server", "http://127.0.0.1:1"]) == 2
     assert "cannot reach the LEAD server at http://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_cli_unreachable_server_names_the_url_it_tried(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def connect(args: argparse.Namespace) -> LeadClient:
+        return LeadClient(http=httpx.Client(transport=httpx.MockTransport(refuse)))
+
+    monkeypatch.setattr(_remote_cli, "connect", connect)
+    monkeypatch.delenv("LEAD_SERVER_URL", raising=False)
+    assert main(["jobs", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "http://127.0.0.1:8000 (the default: set --server or LEAD_SERVER_URL)" in err
+    monkeypatch.setenv("LEAD_SERVER_URL", "http://127.0.0.1:2")
+    assert main(["jobs", "list"]) == 2
+    assert "http://127.0.0.1:2 (LEAD_SERVER_URL)" in capsys.readouterr().err

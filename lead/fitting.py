@@ -286,7 +286,7 @@ def _jsonable(value: Any) -> Any:
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
     """The keyword-only options of a fitting function, except ``seed``."""
     parameters = inspect.signature(function).parameters.values()
-    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - {"seed"}
+    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - {"seed", "progress"}
 
 
 def check_method_options(method: Any, options: dict[str, Any]) -> str:
@@ -458,6 +458,8 @@ def fit_stitch(
         elif canonical == "procrustes":
             _check_scaling(options.get("scaling", False))
             stitch = fit_procrustes(X, Y, **options)
+        elif canonical == "unsupervised":
+            stitch = fit_unsupervised(X, Y, seed=seed, progress=progress, **options)
         elif canonical in keyword:
             stitch = keyword[canonical](X, Y, seed=seed, **options)
         elif canonical == "mlp":

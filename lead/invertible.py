@@ -227,7 +227,11 @@ def _set_linear(
 
 @torch.no_grad()
 def _init_couplings(
-    model: InvertibleStitch, X: Tensor, Y: Tensor, config: InvertibleConfig
+    model: InvertibleStitch,
+    X: Tensor,
+    Y: Tensor,
+    config: InvertibleConfig,
+    progress: ProgressCallback | None = None,
 ) -> None:
     """Solve each coupling's shift in closed form on random features (``ridge-features``).
 
@@ -239,8 +243,10 @@ def _init_couplings(
     generator = torch.Generator().manual_seed(config.seed)
     z = model._pad(X.float() - model.source_mean) @ model.linear_weight().T
     target = model._pad(Y.float() - model.target_mean)
-    for coupling in model.couplings:
+    for layer, coupling in enumerate(model.couplings):
         assert isinstance(coupling, _Coupling)
+        if progress is not None:
+            progress("init", layer, len(model.couplings))
         first, _, last = coupling.net
         assert isinstance(first, torch.nn.Linear) and isinstance(last, torch.nn.Linear)
         cond = z[:, coupling.cond]
@@ -289,7 +295,9 @@ def train_invertible(
     config : InvertibleConfig, optional
         Training settings; defaults to ``InvertibleConfig()``.
     progress : callable, optional
-        Called as ``progress("train", epoch, config.max_epochs)`` after every epoch; an
+        Called as ``progress("init", layer, coupling_layers)`` before each coupling's
+        closed-form start and ``progress("train", epoch, config.max_epochs)`` after every
+        epoch; an
         exception it raises (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
     normalize_output, normalize_inverse_output : bool, default False
         L2-normalise the forward (target-space) and inverse (source-space) outputs; the
@@ -388,7 +396,7 @@ def train_invertible(
         _set_linear(model, X[train_idx], Y[train_idx], config, reg)
     init_loss = start_losses[reg]
     if config.init == "ridge-features" and config.coupling_layers > 0:
-        _init_couplings(model, X_train, Y_train, config)
+        _init_couplings(model, X_train, Y_train, config, progress)
         init_loss = evaluate()
     result = train_epochs(
         model,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -99,11 +100,11 @@ def _gromov_wasserstein(
 #: Upper bounds of the options: a request can not make a fit run for days or fill memory
 #: (Gromov-Wasserstein works on sample_size² matrices, refinement on refine_size²).
 MAX_SAMPLE_SIZE, MAX_REFINE_SIZE, MAX_ROUNDS, MAX_GW_ITER, MAX_NEIGHBOURS = (
-    4000,
-    10000,
-    1000,
-    10000,
-    1000,
+    2000,
+    8000,
+    200,
+    2000,
+    500,
 )
 
 
@@ -149,6 +150,7 @@ def fit_unsupervised(
     neighbours: int = 50,
     refine_size: int = 4000,
     seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> OrthogonalStitch:
     r"""Fit an orthogonal stitch from two unpaired sets of vectors.
 
@@ -161,22 +163,26 @@ def fit_unsupervised(
         unknown order. ``n_y`` and ``d_tgt`` may differ from ``n_x`` and ``d_src``.
     sample_size : int, default 1000
         Rows drawn from each side for the Gromov–Wasserstein matching (all rows when a
-        side has fewer); ``8 … 4000``. Its cost grows as ``sample_size**3`` per iteration.
+        side has fewer); ``8 … 2000``. Its cost grows as ``sample_size**3`` per iteration.
     epsilon : float, default 0.003
         Entropic regularisation of the coupling, ``> 0``, on the scale of cosine
         distances (``(0, 2]``). Smaller is sharper but slower and less stable.
     gw_max_iter : int, default 500
-        Most outer iterations of the Gromov–Wasserstein solver, ``1 … 10000``.
+        Most outer iterations of the Gromov–Wasserstein solver, ``1 … 2000``.
     rounds : int, default 40
-        Refinement rounds (re-match, refit), ``0 … 1000``.
+        Refinement rounds (re-match, refit), ``0 … 200``.
     neighbours : int, default 50
         Nearest neighbours averaged into each pseudo-target in the first refinement round,
-        ``1 … 1000``; the count falls linearly to 1 over the rounds.
+        ``1 … 500``; the count falls linearly to 1 over the rounds.
     refine_size : int, default 4000
-        Rows drawn from each side for the refinement (all when fewer), ``8 … 10000``; memory
+        Rows drawn from each side for the refinement (all when fewer), ``8 … 8000``; memory
         grows as ``refine_size**2`` (about 260 MB at 4000).
     seed : int, default 0
         Seed of the row samples.
+    progress : callable, optional
+        ``progress(stage, step, total)``: ``("match", 0, 1)`` before the matching and
+        ``("refine", round, rounds)`` before every refinement round; what it raises (e.g.
+        :class:`~lead.errors.JobCancelledError`) stops the fit.
 
     Returns
     -------
@@ -289,6 +295,8 @@ def fit_unsupervised(
                 param=name,
             )
     X, Y = X.cpu(), Y.cpu()
+    if progress is not None:
+        progress("match", 0, 1)
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     sx, sy = _sample(X.shape[0], sample_size, rng), _sample(Y.shape[0], sample_size, rng)
@@ -312,7 +320,9 @@ def fit_unsupervised(
     Xr, Yr = _unit_centred(X[rx], mean_x), _unit_centred(Y[ry], mean_y)
     rotation = _rotation(_unit_centred(Xs[i], mean_x), _unit_centred(Ys[j], mean_y))
     schedule = _neighbour_schedule(neighbours, rounds, min(Xr.shape[0], Yr.shape[0]))
-    for k in schedule:
+    for step, k in enumerate(schedule):
+        if progress is not None:
+            progress("refine", step, len(schedule))
         S = (Xr @ rotation.T) @ Yr.T
         near_y, near_x = S.topk(k, dim=1).indices, S.T.topk(k, dim=1).indices
         del S

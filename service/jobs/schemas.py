@@ -205,8 +205,9 @@ class JobCreate(PairsInput):
 
 class JobProgress(BaseModel):
     stage: str | None = Field(
-        description="`starting`, `loading`, `fit` / `train`, `scoring`, `saving`, `pushing`, "
-        "`registering`, `done`; null while queued."
+        description="`starting`, `loading`, `fit` / `init` / `train` / `match` / `refine` "
+        "(by method), `scoring`, `saving`, `pushing`, `registering`, `done`; null while "
+        "queued."
     )
     step: int
     total: int

@@ -161,7 +161,7 @@ def test_training_reports_and_is_deterministic(scifact_small: Any) -> None:
     config = InvertibleConfig(max_epochs=2, hidden_dim=16, coupling_layers=2)
     a = train_invertible(X, Y, config, lambda *s: stages.append(s))
     b = train_invertible(X, Y, config)
-    assert stages == [("train", 1, 2), ("train", 2, 2)]
+    assert stages == [("init", 0, 2), ("init", 1, 2), ("train", 1, 2), ("train", 2, 2)]
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
     assert a.info.fit["best_holdout_loss"] <= a.info.fit["init_holdout_loss"]

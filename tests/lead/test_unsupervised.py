@@ -158,3 +158,20 @@ def test_bad_inputs() -> None:
     bad[3, 2] = np.inf
     with pytest.raises(NonFiniteError):
         fit_unsupervised(X, bad)
+
+
+def test_progress_reports_every_round_and_can_stop_the_fit() -> None:
+    from lead.errors import JobCancelledError
+
+    X = _cloud(200, 6, seed=20)
+    Y = (X @ _orthonormal(6, 6, seed=21).T)[::-1].copy()
+    stages: list[tuple[str, int, int]] = []
+    fit_unsupervised(X, Y, sample_size=60, rounds=3, progress=lambda *s: stages.append(s))
+    assert stages == [("match", 0, 1), ("refine", 0, 3), ("refine", 1, 3), ("refine", 2, 3)]
+
+    def cancel(stage: str, step: int, total: int) -> None:
+        if stage == "refine":
+            raise JobCancelledError("cancelled")
+
+    with pytest.raises(JobCancelledError):
+        fit_unsupervised(X, Y, sample_size=60, rounds=3, progress=cancel)

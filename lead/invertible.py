@@ -1,10 +1,10 @@
 """Train an :class:`~lead.stitches.InvertibleStitch` on pairs, in both directions at once.
 
-Read top to bottom: split, start the linear part at a canonical-correlation map that
-balances the forward and the inverse error (embedded in ``max(d_src, d_tgt)`` dimensions),
-then epochs of AdamW on the
-forward loss plus the loss of the inverse map, with early stopping that keeps the best
-epoch (the linear start counts as epoch 0).
+Read top to bottom: split; start the linear part at a canonical-correlation map that
+balances the forward and the inverse error (embedded in ``max(d_src, d_tgt)`` dimensions);
+solve each coupling's shift on random features (``ridge-features``); then epochs of AdamW
+on the forward loss plus the loss of the inverse map, with early stopping that keeps the
+best epoch (the closed-form start counts as epoch 0).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class InvertibleConfig:
         AdamW learning rate of the coupling layers (the linear part moves at
         ``linear_lr_scale`` times it) and their decoupled weight decay.
     linear_lr_scale : float
-        Learning-rate factor of the linear part, which starts at the ridge optimum.
+        Learning-rate factor of the linear part, which starts at its closed-form optimum.
     inverse_weight : float
         Weight ``w`` of the inverse map's loss (target → source) against the forward one,
         in the linear start and in training. 0 fits the forward map alone (least squares:

@@ -1,17 +1,40 @@
-"""Validation of keyword options of the fitting methods (private).
+"""Options of the fitting methods (private): parsing ``KEY=VALUE`` and checking values.
 
-Each helper returns the option as a plain Python number or raises
+Each check returns the option as a plain Python number or raises
 :class:`~lead.errors.InvalidInputError` whose ``param`` names the option.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from lead.errors import InvalidInputError
 
-__all__ = ["check_float_option", "check_int_option"]
+__all__ = ["check_float_option", "check_int_option", "parse_option_items"]
+
+
+def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` items of the CLI as a dict, each value parsed as JSON when it
+    is JSON (``alpha=0.01``, ``scaling=true``) and kept as a string otherwise.
+
+    Raises
+    ------
+    InvalidInputError
+        For an item without ``=`` or without a key.
+    """
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(f"--option must look like key=value, got {item!r}", param=item)
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
 
 
 def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from lead._options import parse_option_items
 from lead.client import DEFAULT_SERVER_URL, LeadClient
 
 __all__ = ["add_remote_commands", "connect"]
@@ -106,7 +107,6 @@ def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | Non
 
 
 def _submit(client: LeadClient, args: argparse.Namespace) -> int:
-    from lead.cli import _parse_options
     from lead.data import read_embeddings
 
     dataset = args.dataset
@@ -120,7 +120,7 @@ def _submit(client: LeadClient, args: argparse.Namespace) -> int:
         args.target_model,
         dataset=dataset,
         method=args.method,
-        options=_parse_options(args.option),
+        options=parse_option_items(args.option),
         holdout_fraction=args.holdout,
         seed=args.seed,
         push_to_hub=args.push_to_hub,

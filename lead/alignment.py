@@ -16,8 +16,8 @@ import torch
 
 from lead import metrics, similarity
 from lead._validation import check_pairs
+from lead.closed_form import fit_ridge
 from lead.errors import InvalidInputError, TooFewPairsError
-from lead.fitting import fit_ridge
 from lead.splits import kfold_indices
 
 __all__ = ["alignment_scores"]

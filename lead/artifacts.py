@@ -63,7 +63,7 @@ STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 
 
 def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, Any]:
-    from lead.fitting import _lead_version
+    from lead.closed_form import _lead_version
 
     info = stitch.info
     return {

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lead._options import parse_option_items
 from lead.errors import (
     InvalidInputError,
     LeadError,
@@ -33,19 +34,6 @@ from lead.errors import (
 from lead.splits import holdout_split
 
 __all__ = ["build_parser", "main"]
-
-
-def _parse_options(items: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise InvalidInputError(f"--option must look like key=value, got {item!r}", param=item)
-        try:
-            options[key.strip()] = json.loads(raw)
-        except ValueError:
-            options[key.strip()] = raw
-    return options
 
 
 def _load_pairs(
@@ -200,7 +188,7 @@ def _fit_with_progress(X: Any, Y: Any, method: str, info: Any, args: argparse.Na
             normalize_output=args.normalize_output,
             seed=args.seed,
             progress=progress,
-            **_parse_options(args.option),
+            **parse_option_items(args.option),
         )
     finally:
         close()

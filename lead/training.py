@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
+from lead.closed_form import ProgressCallback, fit_ridge
 from lead.errors import InvalidInputError
-from lead.fitting import ProgressCallback, fit_ridge
 from lead.splits import holdout_split
 from lead.stitches import MLPStitch
 

@@ -125,6 +125,10 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
         )
 
 
+#: Longest ``name`` / ``source_model`` / ``target_model`` kept from a file's metadata.
+METADATA_LIMIT = 200
+
+
 def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
     """Validate a dataset file and describe it.
 
@@ -223,7 +227,17 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
         "queries": m,
         "retrieval": m is not None,
     }
-    info.update({k: str(meta[k]) for k in ("name", "source_model", "target_model") if k in meta})
+    for key in ("name", "source_model", "target_model"):
+        if key in meta:
+            if len(meta[key]) > METADATA_LIMIT:
+                raise LimitExceededError(
+                    f"metadata {key!r} has {len(meta[key])} characters; at most "
+                    f"{METADATA_LIMIT} (as for ?name=)",
+                    limit=METADATA_LIMIT,
+                    got=len(meta[key]),
+                    param=key,
+                )
+            info[key] = str(meta[key])
     return info
 
 

@@ -40,6 +40,16 @@ _VECTORS = (
     "float arrays, or base64 strings of little-endian float32 (one vector each)."
 )
 _RESERVED_OPTIONS = frozenset({"seed", "progress", "info", "method"})
+#: Deepest nesting accepted in job options (the methods take flat values).
+_MAX_OPTION_DEPTH = 8
+
+
+def _depth(value: Any, limit: int = _MAX_OPTION_DEPTH + 1) -> int:
+    """Nesting depth of JSON-like ``value`` (a scalar is 0), counted up to ``limit``."""
+    if limit <= 0 or not isinstance(value, dict | list):
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
 _HUB_REPO = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
 
 
@@ -186,6 +196,11 @@ class JobCreate(PairsInput):
         from lead.errors import InvalidInputError
         from lead.fitting import check_method_options
 
+        if _depth(value) > _MAX_OPTION_DEPTH:
+            raise ValueError(
+                f"options nest more than {_MAX_OPTION_DEPTH} levels deep; every method "
+                "option is a number, a string, a boolean or a flat list"
+            )
         reserved = sorted(_RESERVED_OPTIONS & set(value))
         if reserved:
             raise ValueError(f"set {', '.join(reserved)} as top-level fields, not as options")

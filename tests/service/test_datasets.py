@@ -243,3 +243,18 @@ def test_more_bad_requests_then_good_ones(
         assert r.status_code == status, r.text
         assert r.json()["error"]["code"] == code, r.json()
         assert upload(client, body)["pairs"] == 50
+
+
+def test_metadata_strings_are_capped_like_the_name_parameter(
+    client: TestClient, scifact_small: Any
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:20], scifact_small.corpus["pml3"][:20]
+    for key in ("name", "source_model", "target_model"):
+        body = dataset_bytes(X, Y, metadata={key: "x" * 500_000})
+        r = client.post("/v1/datasets", content=body, headers=OCTET)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "limit_exceeded" and r.json()["error"]["param"] == key
+    ok = client.post(
+        "/v1/datasets", content=dataset_bytes(X, Y, metadata={"name": "x" * 200}), headers=OCTET
+    )
+    assert ok.status_code == 201, ok.text

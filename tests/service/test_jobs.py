@@ -547,3 +547,20 @@ def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_s
         assert needle in r.json()["error"]["message"]
         assert r.json()["error"]["param"] == "options"
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
+
+
+@pytest.mark.parametrize("depth", [20, 300, 900])
+def test_deeply_nested_options_are_a_clean_422(
+    jobs: TestClient, scifact_small: Any, depth: int
+) -> None:
+    nested: Any = 1
+    for _ in range(depth):
+        nested = {"a": nested}
+    body = tiny_body(scifact_small, options={"alpha": nested})
+    r = jobs.post(
+        "/v1/jobs", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    assert "nest" in r.json()["error"]["message"]
+    ok = jobs.post("/v1/jobs", json=tiny_body(scifact_small))
+    assert ok.status_code == 202, ok.text

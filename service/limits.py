@@ -15,18 +15,30 @@ not buffered: a wrapped ``receive`` raises :class:`~lead.errors.PayloadTooLargeE
 :class:`~lead.errors.RequestTimeoutError` (each piece within ``body_timeout_s``) into the
 app, whose error handlers answer 413 / 408. Once the body is complete, ``receive`` is no
 longer timed (the app may wait on it for a disconnect).
+
+``Content-Encoding``: a buffered body in ``gzip`` or ``deflate`` is decompressed (in a
+worker thread, stopping past the same byte limit: 413) and passed on without the header;
+``identity`` is passed as it is; any other coding, or a coding on a streamed upload, is a
+415 that names it; bytes that do not decompress are a 400.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lead.errors import OverloadedError, PayloadTooLargeError, RequestTimeoutError
+from lead.errors import (
+    DecodeError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    UnsupportedMediaTypeError,
+)
 from service.errors import lead_error_response
 
 __all__ = ["BodyLimitMiddleware", "ConcurrencyLimiter"]
@@ -49,6 +61,57 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+#: Content codings a buffered body may come in → zlib ``wbits`` that decode them.
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _content_coding(scope: Scope) -> str | None:
+    """The request's ``Content-Encoding`` (lower case), or None for none or identity."""
+    codings: list[str] = [
+        part.strip().lower()
+        for name, value in scope.get("headers", ())
+        if name == b"content-encoding"
+        for part in value.decode("latin-1").split(",")
+        if part.strip()
+    ]
+    codings = [c for c in codings if c != "identity"]  # identity: no coding
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in _CODINGS:
+        raise UnsupportedMediaTypeError(
+            f"Content-Encoding {', '.join(codings)!s} is not supported; send the body "
+            f"uncompressed or as {' or '.join(c for c in _CODINGS if c != 'x-gzip')}",
+            param="Content-Encoding",
+        )
+    return codings[0]
+
+
+def _decompress(body: bytes, coding: str, limit: int) -> bytes:
+    """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413)."""
+    decoder = zlib.decompressobj(_CODINGS[coding])
+    try:
+        out = decoder.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise DecodeError(
+            f"the body is not valid {coding} data: {error}", param="Content-Encoding"
+        ) from None
+    if len(out) > limit or decoder.unconsumed_tail:
+        raise _too_large(limit, len(out))
+    if not decoder.eof:
+        raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
+    return out
+
+
+def _without_coding(scope: Scope, size: int) -> Scope:
+    """``scope`` for the decoded body: no Content-Encoding, Content-Length its size."""
+    headers = [
+        (name, value)
+        for name, value in scope.get("headers", ())
+        if name not in (b"content-encoding", b"content-length")
+    ]
+    return {**scope, "headers": [*headers, (b"content-length", str(size).encode())]}
 
 
 def _timed_out(seconds: float, per_piece: bool) -> RequestTimeoutError:
@@ -87,6 +150,17 @@ class BodyLimitMiddleware:
         limit = self.path_limits.get(path, self.max_body_bytes)
         per_piece = path in self.path_limits
         declared = _content_length(scope)
+        try:
+            coding = _content_coding(scope)
+            if coding is not None and per_piece:
+                raise UnsupportedMediaTypeError(
+                    f"Content-Encoding {coding} is not supported for uploads to {path}; send "
+                    "the file uncompressed",
+                    param="Content-Encoding",
+                )
+        except UnsupportedMediaTypeError as exc:
+            await lead_error_response(exc, scope)(scope, receive, send)
+            return
         if declared is not None and declared > limit:
             response = lead_error_response(_too_large(limit, declared), scope)
             await response(scope, receive, send)
@@ -96,7 +170,13 @@ class BodyLimitMiddleware:
             return
         try:
             messages = await self._read_body(receive, limit)
-        except (PayloadTooLargeError, RequestTimeoutError) as exc:
+            if coding is not None and messages[0]["type"] == "http.request":
+                body = await anyio.to_thread.run_sync(
+                    _decompress, messages[0]["body"], coding, limit
+                )
+                messages = [{"type": "http.request", "body": body, "more_body": False}]
+                scope = _without_coding(scope, len(body))
+        except (PayloadTooLargeError, RequestTimeoutError, DecodeError) as exc:
             await lead_error_response(exc, scope)(scope, receive, send)
             return
 

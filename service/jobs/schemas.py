@@ -50,6 +50,8 @@ def _depth(value: Any, limit: int = _MAX_OPTION_DEPTH + 1) -> int:
         return 0
     children = value.values() if isinstance(value, dict) else value
     return 1 + max((_depth(child, limit - 1) for child in children), default=0)
+
+
 _HUB_REPO = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
 
 

@@ -258,3 +258,16 @@ def test_metadata_strings_are_capped_like_the_name_parameter(
         "/v1/datasets", content=dataset_bytes(X, Y, metadata={"name": "x" * 200}), headers=OCTET
     )
     assert ok.status_code == 201, ok.text
+
+
+def test_a_compressed_upload_is_a_415_naming_the_encoding(
+    client: TestClient, scifact_small: Any
+) -> None:
+    import gzip
+
+    body = gzip.compress(
+        dataset_bytes(scifact_small.corpus["minilm"][:20], scifact_small.corpus["pml3"][:20])
+    )
+    r = client.post("/v1/datasets", content=body, headers={**OCTET, "content-encoding": "gzip"})
+    assert r.status_code == 415, r.text
+    assert "Content-Encoding gzip" in r.json()["error"]["message"]

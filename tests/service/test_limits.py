@@ -203,3 +203,64 @@ def test_413_on_content_length_is_counted_under_its_route(make_client: Any, quer
     assert 'route="unmatched",status="404"' in client.get("/metrics").text
     good = make_client()
     assert good.post("/v1/translate", json=body).status_code == 200
+
+
+def _translate_body(queries: Any) -> bytes:
+    import json
+
+    return json.dumps(
+        {"stitch": "minilm-to-mpnet", "input": queries["minilm"][:3].tolist()}
+    ).encode()
+
+
+def test_gzip_and_deflate_bodies_are_decompressed(make_client: Any, queries: Any) -> None:
+    import gzip
+    import zlib
+
+    client = make_client()
+    plain = client.post(
+        "/v1/translate",
+        content=_translate_body(queries),
+        headers={"content-type": "application/json"},
+    )
+    assert plain.status_code == 200, plain.text
+    for coding, packed in (
+        ("gzip", gzip.compress(_translate_body(queries))),
+        ("deflate", zlib.compress(_translate_body(queries))),
+        ("identity", _translate_body(queries)),
+    ):
+        r = client.post(
+            "/v1/translate",
+            content=packed,
+            headers={"content-type": "application/json", "content-encoding": coding},
+        )
+        assert r.status_code == 200, (coding, r.text)
+        assert r.json()["data"] == plain.json()["data"]
+
+
+def test_bad_or_unknown_encodings_are_4xx(make_client: Any, queries: Any) -> None:
+    import gzip
+
+    client = make_client(max_body_bytes=64 * 1024)
+    cases = [
+        ("br", _translate_body(queries), 415, "br"),
+        ("gzip, br", gzip.compress(_translate_body(queries)), 415, "gzip, br"),
+        ("gzip", _translate_body(queries), 400, "not valid gzip"),
+        ("gzip", gzip.compress(_translate_body(queries))[:-20], 400, "gzip"),
+        # a small bomb: 10 MB of zeros that compress to ~10 kB, over the 64 kB limit
+        ("gzip", gzip.compress(b"0" * 10_000_000), 413, "limit"),
+    ]
+    for coding, body, status, needle in cases:
+        r = client.post(
+            "/v1/translate",
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": coding},
+        )
+        assert r.status_code == status, (coding, r.text)
+        assert needle in r.json()["error"]["message"]
+        ok = client.post(
+            "/v1/translate",
+            content=_translate_body(queries),
+            headers={"content-type": "application/json"},
+        )
+        assert ok.status_code == 200

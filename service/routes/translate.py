@@ -27,6 +27,7 @@ from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, requi
 from service.encoding import (
     check_vector_count,
     decode_vectors,
+    refuse_too_many_vectors,
     reject_bools,
     render_embeddings,
 )
@@ -192,6 +193,7 @@ def _translate(
         route = _find_route(registry, options)
         x = decode_compact_base64(split, route.d_src, settings.max_vectors)
     if x is None:
+        refuse_too_many_vectors(body, settings.max_vectors)
         payload = _parse_json(body)
         options, items = _parse_options(payload)
         route = _find_route(registry, options)

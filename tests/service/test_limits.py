@@ -264,3 +264,29 @@ def test_bad_or_unknown_encodings_are_4xx(make_client: Any, queries: Any) -> Non
             headers={"content-type": "application/json"},
         )
         assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("item", [b"[]", b'""', b"[0.5]"])
+def test_millions_of_tiny_vectors_are_refused_before_parsing(make_client: Any, item: bytes) -> None:
+    client = make_client()
+    body = b'{"stitch":"minilm-to-mpnet","input":[' + b",".join([item] * 2_000_000) + b"]}"
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded" and error["param"] == "input"
+    assert "at least" in error["message"]
+    assert client.get("/healthz").status_code == 200
+
+
+def test_a_body_just_under_the_vector_limit_is_still_parsed_in_full(
+    make_client: Any, queries: Any
+) -> None:
+    """Brackets in strings do not count against a request: the pre-check leaves room."""
+    client = make_client(max_vectors=4)
+    x = queries["minilm"][:4].tolist()
+    r = client.post(
+        "/v1/translate", json={"stitch": "minilm-to-mpnet", "input": x, "encoding_format": "float"}
+    )
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/translate", json={"stitch": "minilm-to-mpnet", "input": x * 2})
+    assert r.status_code == 422 and "too many vectors: 8" in r.json()["error"]["message"]

@@ -62,6 +62,13 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _unit_rows(M: torch.Tensor) -> bool:
+    """Whether every row of ``M`` has unit L2 norm (to 1e-3)."""
+    return bool(
+        torch.allclose(M.norm(dim=1), torch.ones((), dtype=M.dtype, device=M.device), atol=1e-3)
+    )
+
+
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
     """The keyword-only options of a fitting function, except ``seed``."""
     parameters = inspect.signature(function).parameters.values()
@@ -159,7 +166,11 @@ def fit_stitch(
         and extended with ``method``, ``options``, ``pairs``, ``seed``, ``lead_version``
         and what the method reports (ridge ``alpha``, training epochs, ...).
     normalize_output : bool, optional
-        L2-normalise the stitch's outputs; defaults to ``info.target_normalized``.
+        L2-normalise the stitch's outputs; defaults to ``info.target_normalized``. The
+        stored ``source_normalized`` / ``target_normalized`` follow the data: a side
+        whose rows are not all of unit length (to 1e-3) is recorded as not normalised,
+        whatever ``info`` said, so by default a stitch never normalises outputs that its
+        targets were not.
     seed : int, default 0
         Seed of every random choice (ridge hold-out split, MLP init and shuffling).
     progress : callable, optional
@@ -193,8 +204,6 @@ def fit_stitch(
         "unsupervised": fit_unsupervised,
     }
     info = dataclasses.replace(info) if info is not None else StitchInfo()
-    if normalize_output is None:
-        normalize_output = info.target_normalized
     if canonical == "unsupervised":
         X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")
         # the row order of Y must carry no information: shuffle it
@@ -202,6 +211,11 @@ def fit_stitch(
         Y = Y[order.to(Y.device)]
     else:
         X, Y = check_pairs(X, Y)
+    # "normalised" is a claim about the data: it holds only where every row has unit length
+    info.source_normalized = info.source_normalized and _unit_rows(X)
+    info.target_normalized = info.target_normalized and _unit_rows(Y)
+    if normalize_output is None:
+        normalize_output = info.target_normalized
     closed_form = canonical not in trained
     if progress is not None and closed_form:
         progress("fit", 0, 1)

@@ -53,6 +53,7 @@ def _info() -> StitchInfo:
 def _fitted(method: str, **options: Any) -> Stitch:
     rng = np.random.default_rng(0)
     X, Y = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)  # unit rows: the source is normalised
     return fit_stitch(X, Y, method, info=_info(), **options)
 
 

@@ -179,6 +179,7 @@ def test_fit_stitch_records_provenance_without_touching_the_callers_info() -> No
 
 def test_fit_stitch_normalize_output_defaults_to_target_normalized() -> None:
     X, Y = _rng(24).normal(size=(30, 4)), _rng(25).normal(size=(30, 4))
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)  # unit target rows: normalised by default
     assert fit_stitch(X, Y).normalize_output is True
     raw = StitchInfo(target_normalized=False)
     assert fit_stitch(X, Y, info=raw).normalize_output is False
@@ -247,3 +248,22 @@ def test_ridge_minilm_to_mpnet_on_real_scifact_documents(scifact_small) -> None:
     cos = (pred / np.linalg.norm(pred, axis=1, keepdims=True)) @ Y[test].T
     top1 = float(np.mean(cos.argmax(axis=1) == np.arange(len(test))))
     assert top1 > 10 * (1 / len(test)), top1  # chance is 1/80
+
+
+def test_normalisation_follows_the_data() -> None:
+    """An exact rotation of offset data (rows far from unit length) is fitted exactly, not
+    squeezed onto the unit sphere because StitchInfo defaults to normalised models."""
+    from lead.metrics import r2_score
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5)) + 3.0
+    Q = np.linalg.qr(rng.normal(size=(5, 5)))[0]
+    Y = X @ Q.T
+    stitch = fit_stitch(X, Y, "procrustes")
+    assert not stitch.normalize_output
+    assert not stitch.info.source_normalized and not stitch.info.target_normalized
+    with torch.no_grad():
+        pred = stitch(torch.from_numpy(X).float())
+    assert r2_score(Y, pred, reference_mean=Y.mean(axis=0)) > 0.999
+    unit = X / np.linalg.norm(X, axis=1, keepdims=True)
+    assert fit_stitch(unit, unit @ Q.T, "procrustes").normalize_output  # unit rows: as before

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from lead._validation import as_matrix
-from lead.errors import NonFiniteOutputError, NotInvertibleError, ShapeMismatchError
-from lead.stitches import InvertibleStitch, Stitch
+from lead.errors import NonFiniteOutputError, ShapeMismatchError
+from lead.stitches import Stitch, oriented
 
 __all__ = ["apply_stitch"]
 
@@ -47,10 +47,7 @@ def apply_stitch(
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
     """
-    if inverse and not isinstance(stitch, InvertibleStitch):
-        raise NotInvertibleError(f"a {stitch.architecture} stitch has no inverse", param="inverse")
-    d_in, d_out = (stitch.d_tgt, stitch.d_src) if inverse else (stitch.d_src, stitch.d_tgt)
-    run = stitch.inverse if isinstance(stitch, InvertibleStitch) and inverse else stitch
+    run, d_in, d_out = oriented(stitch, inverse=inverse)
     param = next(stitch.parameters())
     source = as_matrix(X, name="X", dtype=param.dtype).to(param.device)
     if source.shape[1] != d_in:

@@ -28,7 +28,6 @@ from lead.errors import (
     InvalidInputError,
     LeadError,
     NonFiniteOutputError,
-    NotInvertibleError,
     ShapeMismatchError,
 )
 from lead.splits import holdout_split
@@ -268,19 +267,13 @@ def _translate(args: argparse.Namespace) -> int:
 
     from lead.artifacts import load_stitch
     from lead.data import EmbeddingReader, EmbeddingWriter
-    from lead.stitches import InvertibleStitch
+    from lead.stitches import oriented
 
     stitch = load_stitch(args.stitch, device=args.device)
-    run: Callable[[torch.Tensor], torch.Tensor] = stitch
-    d_in, d_out = stitch.d_src, stitch.d_tgt
+    run, d_in, d_out = oriented(stitch, inverse=args.inverse, name=str(args.stitch))
     models = (stitch.info.source_model, stitch.info.target_model)
     if args.inverse:
-        if not isinstance(stitch, InvertibleStitch):
-            raise NotInvertibleError(
-                f"--inverse needs an invertible stitch; {args.stitch} is {stitch.architecture!r}",
-                param="inverse",
-            )
-        run, d_in, d_out, models = stitch.inverse, d_out, d_in, models[::-1]
+        models = models[::-1]
     reader = EmbeddingReader(args.input)
     if reader.shape[1] != d_in:
         raise ShapeMismatchError(

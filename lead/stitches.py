@@ -10,13 +10,14 @@ Matrices follow ``torch.nn.Linear``: ``weight`` has shape ``(d_tgt, d_src)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from lead.errors import ShapeMismatchError, UnknownArchitectureError
+from lead.errors import NotInvertibleError, ShapeMismatchError, UnknownArchitectureError
 
 __all__ = [
     "STITCH_REGISTRY",
@@ -26,6 +27,7 @@ __all__ = [
     "OrthogonalStitch",
     "Stitch",
     "StitchInfo",
+    "oriented",
     "stitch_class",
 ]
 
@@ -459,6 +461,43 @@ class InvertibleStitch(Stitch):
         rhs = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
         x: Tensor = torch.linalg.solve_triangular(U, rhs, upper=True).T
         return x[:, : self.d_src] + self.source_mean.to(work)
+
+
+def oriented(
+    stitch: Stitch, *, inverse: bool = False, name: str | None = None, param: str = "inverse"
+) -> tuple[Callable[[Tensor], Tensor], int, int]:
+    """The map to run and its input and output dimensions, in the direction asked.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        Any stitch.
+    inverse : bool, default False
+        Run an :class:`InvertibleStitch` backwards (target → source).
+    name, param : str, optional
+        How the error names the stitch (e.g. its id) and the offending argument.
+
+    Returns
+    -------
+    tuple
+        ``(run, d_in, d_out)``: ``stitch`` itself with ``(d_src, d_tgt)``, or with
+        ``inverse`` its :meth:`InvertibleStitch.inverse` with ``(d_tgt, d_src)``.
+
+    Raises
+    ------
+    NotInvertibleError
+        If ``inverse`` and the stitch is not invertible.
+    """
+    if not inverse:
+        return stitch, stitch.d_src, stitch.d_tgt
+    if not isinstance(stitch, InvertibleStitch):
+        which = f"stitch {name}" if name else "the stitch"
+        raise NotInvertibleError(
+            f"{which} is not invertible (architecture {stitch.architecture!r}): only an "
+            "'invertible' stitch runs backwards",
+            param=param,
+        )
+    return stitch.inverse, stitch.d_tgt, stitch.d_src
 
 
 #: Architecture name → stitch class. The only way a config names a class.

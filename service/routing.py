@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lead.errors import NonFiniteOutputError, NotInvertibleError, StitchFormatError
-from lead.stitches import InvertibleStitch, Stitch, unit_rows
+from lead.errors import NonFiniteOutputError, StitchFormatError
+from lead.stitches import Stitch, oriented, unit_rows
 
 __all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
 
@@ -73,16 +73,10 @@ class Route:
     inverse: bool = False
 
     def __post_init__(self) -> None:
-        if self.inverse and (
-            len(self.entries) != 1 or not isinstance(self.entries[0].stitch, InvertibleStitch)
-        ):
-            ids = ", ".join(e.id for e in self.entries)
-            raise NotInvertibleError(
-                f"stitch {ids} is not invertible (architecture "
-                f"{self.entries[0].stitch.architecture!r}); direction 'inverse' needs an "
-                "'invertible' stitch",
-                param="direction",
-            )
+        if self.inverse:  # one stitch, which must be invertible
+            assert len(self.entries) == 1, "only a single stitch runs backwards"
+            entry = self.entries[0]
+            oriented(entry.stitch, inverse=True, name=entry.id, param="direction")
 
     @property
     def is_chain(self) -> bool:
@@ -90,13 +84,11 @@ class Route:
 
     @property
     def d_src(self) -> int:
-        first = self.entries[0].stitch
-        return first.d_tgt if self.inverse else first.d_src
+        return oriented(self.entries[0].stitch, inverse=self.inverse)[1]
 
     @property
     def d_tgt(self) -> int:
-        last = self.entries[-1].stitch
-        return last.d_src if self.inverse else last.d_tgt
+        return oriented(self.entries[-1].stitch, inverse=self.inverse)[2]
 
     @property
     def source_model(self) -> str:
@@ -133,12 +125,7 @@ class Route:
         with torch.inference_mode():
             y = torch.from_numpy(x).to(device=self.device, dtype=self.dtype)
             for entry in self.entries:
-                stitch = entry.stitch
-                y = (
-                    stitch.inverse(y)
-                    if isinstance(stitch, InvertibleStitch) and self.inverse
-                    else stitch(y)
-                )
+                y = oriented(entry.stitch, inverse=self.inverse)[0](y)
             if normalize:
                 y = unit_rows(y)
             out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()

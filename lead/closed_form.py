@@ -263,9 +263,3 @@ def _check_alphas(alphas: Any) -> list[float]:
     if not grid:
         raise InvalidInputError("alphas must not be empty", param="alphas")
     return grid
-
-
-def _check_scaling(scaling: Any) -> bool:
-    if not isinstance(scaling, bool):
-        raise InvalidInputError("scaling must be true or false", param="scaling")
-    return scaling

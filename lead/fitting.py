@@ -22,7 +22,6 @@ from lead.closed_form import (
     ProgressCallback,
     _check_alpha,
     _check_alphas,
-    _check_scaling,
     _lead_version,
     fit_procrustes,
     fit_ridge,
@@ -67,6 +66,12 @@ def _unit_rows(M: torch.Tensor) -> bool:
     return bool(
         torch.allclose(M.norm(dim=1), torch.ones((), dtype=M.dtype, device=M.device), atol=1e-3)
     )
+
+
+def _check_scaling(scaling: Any) -> bool:
+    if not isinstance(scaling, bool):
+        raise InvalidInputError("scaling must be true or false", param="scaling")
+    return scaling
 
 
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
@@ -174,10 +179,11 @@ def fit_stitch(
     seed : int, default 0
         Seed of every random choice (ridge hold-out split, MLP init and shuffling).
     progress : callable, optional
-        ``progress(stage, step, total)``; ``("fit", 0, 1)`` / ``("fit", 1, 1)`` around a
-        closed-form fit, ``("train", epoch, max_epochs)`` while training (mlp,
-        invertible). An
-        exception it raises (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
+        ``progress(stage, step, total)``; ``("fit", 0, 1)`` / ``("fit", 1, 1)`` around the
+        other methods, ``("train", epoch, max_epochs)`` while training (mlp, invertible;
+        invertible also reports ``("init", layer, layers)``), and ``("match", 0, 1)`` /
+        ``("refine", round, rounds)`` inside the unsupervised fit. An exception it raises
+        (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
         :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
@@ -197,12 +203,7 @@ def fit_stitch(
     ShapeMismatchError, NonFiniteError, TooFewPairsError, FitError
         As raised by the method.
     """
-    canonical = check_method_options(method, options)
-    trained = {"mlp": MLPConfig, "invertible": InvertibleConfig}
-    keyword: dict[str, Callable[..., Stitch]] = {
-        "anchors": fit_anchors,
-        "unsupervised": fit_unsupervised,
-    }
+    canonical = check_method_options(method, options)  # names and values, before any work
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if canonical == "unsupervised":
         X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")
@@ -216,7 +217,7 @@ def fit_stitch(
     info.target_normalized = info.target_normalized and _unit_rows(Y)
     if normalize_output is None:
         normalize_output = info.target_normalized
-    closed_form = canonical not in trained
+    closed_form = canonical not in ("mlp", "invertible")  # these report their own epochs
     if progress is not None and closed_form:
         progress("fit", 0, 1)
     stitch: Stitch
@@ -224,12 +225,11 @@ def fit_stitch(
         if canonical == "ridge":
             stitch = fit_ridge(X, Y, seed=seed, **options)
         elif canonical == "procrustes":
-            _check_scaling(options.get("scaling", False))
             stitch = fit_procrustes(X, Y, **options)
         elif canonical == "unsupervised":
             stitch = fit_unsupervised(X, Y, seed=seed, progress=progress, **options)
-        elif canonical in keyword:
-            stitch = keyword[canonical](X, Y, seed=seed, **options)
+        elif canonical == "anchors":
+            stitch = fit_anchors(X, Y, seed=seed, **options)
         elif canonical == "mlp":
             config = MLPConfig(**options, seed=seed)
             stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))

@@ -7,6 +7,9 @@ naming the argument, never a NaN further down.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -133,21 +136,23 @@ def check_pairs(X: Any, Y: Any, *, minimum: int = 4) -> tuple[Tensor, Tensor]:
     return X, Y
 
 
-def check_config_fields(config: Any, *, zero_ok: frozenset[str] = frozenset()) -> None:
+def check_config_fields(
+    config: Any,
+    *,
+    zero_ok: frozenset[str] = frozenset(),
+    most: Mapping[str, float] | None = None,
+) -> None:
     """Validate the ``int`` and ``float`` fields of a frozen settings dataclass, in place.
 
     Integers must be real ``int`` (not ``bool``) and >= 1 (``seed`` and the names in
     ``zero_ok`` >= 0); floats must be finite numbers > 0 (>= 0 for ``zero_ok``) and are
-    stored as ``float``.
+    stored as ``float``; a field named in ``most`` must not exceed its value there.
 
     Raises
     ------
     InvalidInputError
         Naming the first field that breaks a rule.
     """
-    import dataclasses
-    import math
-
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.type == "int":
@@ -162,6 +167,9 @@ def check_config_fields(config: Any, *, zero_ok: frozenset[str] = frozenset()) -
             object.__setattr__(config, f.name, float(value))
             if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_ok):
                 raise InvalidInputError(f"{f.name} must be finite and > 0", param=f.name)
+    for name, bound in (most or {}).items():
+        if getattr(config, name) > bound:
+            raise InvalidInputError(f"{name} must be <= {bound}", param=name)
 
 
 def check_device(name: Any) -> torch.device:

@@ -122,6 +122,7 @@ class InvertibleConfig:
             zero_ok=frozenset(
                 {"coupling_layers", "weight_decay", "inverse_weight", "norm_weight", "init_offset"}
             ),
+            most=_MOST,
         )
         if self.holdout_fraction >= 1:
             raise InvalidInputError("holdout_fraction must be below 1", param="holdout_fraction")
@@ -132,9 +133,6 @@ class InvertibleConfig:
             raise InvalidInputError(
                 "covariance_reg must be a number in [1e-8, 1e4], or null", param="covariance_reg"
             )
-        for name, most in _MOST.items():
-            if getattr(self, name) > most:
-                raise InvalidInputError(f"{name} must be <= {most}", param=name)
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"

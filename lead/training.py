@@ -24,6 +24,8 @@ from lead.stitches import MLPStitch
 __all__ = ["INITS", "LOSSES", "MLPConfig", "train_mlp"]
 
 LOSSES = ("mse", "cosine", "infonce")
+#: Largest accepted values: a request can not make training exhaust memory or run forever.
+_MOST = {"hidden_dim": 16384, "depth": 16, "max_epochs": 100_000}
 INITS = ("ridge-features", "ridge")
 #: The affine weight starts at the ridge optimum: it is fine-tuned at a tenth of the lr.
 _AFFINE_LR_SCALE = 0.1
@@ -83,10 +85,7 @@ class MLPConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        check_config_fields(self, zero_ok=frozenset({"weight_decay", "init_offset"}))
-        for name, most in (("hidden_dim", 16384), ("depth", 16), ("max_epochs", 100_000)):
-            if getattr(self, name) > most:
-                raise InvalidInputError(f"{name} must be <= {most}", param=name)
+        check_config_fields(self, zero_ok=frozenset({"weight_decay", "init_offset"}), most=_MOST)
         if self.init not in INITS:
             raise InvalidInputError(
                 f"init must be one of {', '.join(INITS)}, got {self.init!r}", param="init"

@@ -367,11 +367,11 @@ def train_invertible(
         model.eval()
         total = 0.0
         for start in range(0, X_val.shape[0], config.batch_size):
-            stop = start + config.batch_size
-            total += (
-                float(batch_loss(X_val[start:stop], Y_val[start:stop]))
-                * (X_val[start:stop].shape[0])
+            x, y = (
+                X_val[start : start + config.batch_size],
+                Y_val[start : start + config.batch_size],
             )
+            total += float(batch_loss(x, y)) * x.shape[0]
         return total / float(X_val.shape[0])
 
     linear = [model.lower, model.upper, model.log_scale]

@@ -366,13 +366,13 @@ class InvertibleStitch(Stitch):
 
     def linear_weight(self) -> Tensor:
         """The invertible matrix ``W = perm @ L @ U`` of shape (D, D)."""
+        if torch.is_grad_enabled() and self.lower.requires_grad:  # training: no cache
+            L, U = self._factors()
+            return self.perm @ L @ U
         key = tuple(
             (p.data_ptr(), p._version)
             for p in (self.perm, self.lower, self.upper, self.log_scale, self.sign)
         )
-        if torch.is_grad_enabled() and self.lower.requires_grad:
-            L, U = self._factors()
-            return self.perm @ L @ U
         if self._cache is None or self._cache[0] != key:
             L, U = self._factors()
             self._cache = (key, self.perm @ L @ U)

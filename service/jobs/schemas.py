@@ -166,7 +166,8 @@ class JobCreate(PairsInput):
         default_factory=dict,
         description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
         "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ... "
-        "Unknown option names are refused (422); a bad value fails the job with a reason.",
+        "Unknown names and bad values are refused at submission (422); a fit that fails "
+        "later (e.g. training that diverges) fails the job with a reason.",
     )
     holdout_fraction: float = Field(
         default=0.2, gt=0, lt=1, description="Share of pairs held out for the scorecard."

@@ -195,22 +195,38 @@ def alignment_scores(
     ridge_r2 = _ridge_r2(A.cpu(), B.cpu(), folds, seed)
     k = min(k, n - 2)
     shuffle = torch.from_numpy(np.random.default_rng(seed).permutation(n)).to(B.device)
+    real, shuffled = _similarity(A, B, k, shuffle)
     return {
         "pairs": n,
-        **_similarity(A, B, k),
+        **real,
         "ridge_r2_score": ridge_r2,
         "folds": folds,
         "k": k,
         "distinct_pairs": int(torch.unique(torch.cat([A, B], dim=1), dim=0).shape[0]),
-        "shuffled_baseline": _similarity(A, B[shuffle], k),
+        "shuffled_baseline": shuffled,
     }
 
 
-def _similarity(A: torch.Tensor, B: torch.Tensor, k: int) -> dict[str, float | None]:
-    """Every representation-similarity score of two validated sets (k-NN with ``k``)."""
-    return {
+def _similarity(
+    A: torch.Tensor, B: torch.Tensor, k: int, shuffle: torch.Tensor
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Every representation-similarity score of two validated sets (k-NN with ``k``), and
+    the same with ``B``'s rows in the order ``shuffle`` (``A``'s neighbour search and both
+    SVDs serve both)."""
+    knn, knn_shuffled = similarity._knn_and_shuffled(A, B, k, shuffle)
+    cca, cca_shuffled = similarity._cca_and_shuffled(A, B, shuffle)
+    assert knn_shuffled is not None and cca_shuffled is not None
+    B_shuffled = B[shuffle]
+    real = {
         "linear_cka_score": metrics.linear_cka_score(A, B),
         "unbiased_cka_score": metrics.unbiased_cka_score(A, B),
-        **similarity._knn_scores(A, B, k),
-        **similarity._cca_scores(A, B),
+        **knn,
+        **cca,
     }
+    baseline = {
+        "linear_cka_score": metrics.linear_cka_score(A, B_shuffled),
+        "unbiased_cka_score": metrics.unbiased_cka_score(A, B_shuffled),
+        **knn_shuffled,
+        **cca_shuffled,
+    }
+    return real, baseline

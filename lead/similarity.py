@@ -670,12 +670,32 @@ def _pwcca(x: _Directions, y: _Directions) -> float:
     return float((alpha * rho.clamp(0.0, 1.0)).sum() / alpha.sum())
 
 
+_KNN_SCORES = ("mutual_knn_score", "cknna_score", "cycle_knn_score")
+_Neighbours: TypeAlias = tuple[Tensor, Tensor]
+
+
 def _knn_scores(X: Tensor, Y: Tensor, k: int) -> dict[str, float]:
     """:func:`mutual_knn_score`, :func:`cknna_score` and :func:`cycle_knn_score` (``X``
     through ``Y``) of two validated sets, from one k-NN search per side (``2 <= k < n``)."""
+    return _knn_and_shuffled(X, Y, k, None)[0]
+
+
+def _knn_and_shuffled(
+    X: Tensor, Y: Tensor, k: int, shuffle: Tensor | None
+) -> tuple[dict[str, float], dict[str, float] | None]:
+    """:func:`_knn_scores` of ``(X, Y)`` and, with a row permutation ``shuffle``, of
+    ``(X, Y[shuffle])`` too, sharing ``X``'s neighbour search. (``Y[shuffle]`` is searched
+    again rather than relabelled: with tied similarities, e.g. repeated rows, the order of
+    the ties decides which neighbours count.)"""
     if _is_constant(_unit_rows(X)) or _is_constant(_unit_rows(Y)):
-        return dict.fromkeys(("mutual_knn_score", "cknna_score", "cycle_knn_score"), 0.0)
-    a, b = _knn(X, k), _knn(Y, k)
+        zeros = dict.fromkeys(_KNN_SCORES, 0.0)
+        return zeros, None if shuffle is None else dict(zeros)
+    a = _knn(X, k)
+    scores = _knn_from(a, _knn(Y, k))
+    return scores, None if shuffle is None else _knn_from(a, _knn(Y[shuffle], k))
+
+
+def _knn_from(a: _Neighbours, b: _Neighbours) -> dict[str, float]:
     return {
         "mutual_knn_score": _mutual_knn(a[1], b[1]),
         "cknna_score": _cknna(a, b),
@@ -686,7 +706,21 @@ def _knn_scores(X: Tensor, Y: Tensor, k: int) -> dict[str, float]:
 def _cca_scores(X: Tensor, Y: Tensor, *, keep: int | float = 10) -> dict[str, float | None]:
     """:func:`svcca_score` and :func:`pwcca_score` of two validated sets from one SVD per
     side; None for a score that has too few pairs for its directions."""
+    return _cca_and_shuffled(X, Y, None, keep=keep)[0]
+
+
+def _cca_and_shuffled(
+    X: Tensor, Y: Tensor, shuffle: Tensor | None, *, keep: int | float = 10
+) -> tuple[dict[str, float | None], dict[str, float | None] | None]:
+    """:func:`_cca_scores` of ``(X, Y)`` and, with a row permutation ``shuffle``, of
+    ``(X, Y[shuffle])`` too, from the same two SVDs (permuting rows permutes ``U``)."""
     x, y = _singular_directions(X), _singular_directions(Y)
+    if shuffle is None:
+        return _cca_from(x, y, keep), None
+    return _cca_from(x, y, keep), _cca_from(x, (y[0][shuffle], y[1], y[2]), keep)
+
+
+def _cca_from(x: _Directions, y: _Directions, keep: int | float) -> dict[str, float | None]:
     out: dict[str, float | None] = {"svcca_score": None, "pwcca_score": None}
     with contextlib.suppress(TooFewPairsError):
         out["svcca_score"] = _svcca(x, y, keep)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import compile_path
 from starlette.types import Scope
 
 from lead import errors as le
@@ -206,9 +207,13 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code
     if status == 404:
         message = f"no route {echo(request.url.path)}"
-    elif status == 405:
+    headers = dict(exc.headers or {})
+    if status == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
-    else:
+        allowed = _allowed_methods(request)
+        if allowed:  # else keep Starlette's (a path the schema's templates cannot match)
+            headers["Allow"] = ", ".join(allowed)
+    elif status != 404:
         message = str(exc.detail)
     type_ = "not_found_error" if status == 404 else _INVALID if status < 500 else "server_error"
     return error_response(
@@ -217,8 +222,26 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
         _HTTP_CODES.get(status, "http_error"),
         message,
         request_id=request_id_of(request.scope),
-        headers=dict(exc.headers or {}),
+        headers=headers,
     )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Methods the OpenAPI schema lists for this path.
+
+    Starlette's own ``Allow`` names the methods of the first route that matches the path
+    only, while a path here may have one route per method (``GET`` and ``DELETE``).
+    """
+    methods: set[str] = set()
+    path = request.url.path
+    for template, item in request.app.openapi().get("paths", {}).items():
+        regex, _, _ = compile_path(template)
+        if regex.match(path):
+            methods.update(method.upper() for method in item if method.upper() in _HTTP_METHODS)
+    return sorted(methods)
+
+
+_HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:

@@ -9,10 +9,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from lead.errors import InvalidInputError, NonFiniteError
 from service.jobs.layout import STITCH_ID_PATTERN
@@ -88,6 +91,34 @@ class PairsInput(BaseModel):
     """Paired embeddings: an uploaded dataset id, or ``source`` + ``target`` inline."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """State in the schema what :meth:`_one_kind_of_data` checks: a ``dataset`` id and
+        no vectors, or ``source`` and ``target`` and no dataset (null counts as absent).
+        The two exclude each other, hence ``oneOf``."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        null = {"type": "null"}
+        vectors = {key: schema["properties"][key]["anyOf"][:-1] for key in ("source", "target")}
+        schema["oneOf"] = [
+            {
+                "title": "By dataset",
+                "required": ["dataset"],
+                "properties": {"dataset": {"type": "string"}, "source": null, "target": null},
+            },
+            {
+                "title": "Inline pairs",
+                "required": ["source", "target"],
+                "properties": {
+                    "dataset": null,
+                    "source": {"anyOf": vectors["source"]},
+                    "target": {"anyOf": vectors["target"]},
+                },
+            },
+        ]
+        return schema
 
     @model_validator(mode="before")
     @classmethod

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import jsonschema
+import pydantic
+import pytest
 import yaml
 
 from service.app import create_app
+from service.jobs.schemas import AlignRequest, JobCreate
 from service.openapi import main
 from service.settings import Settings
 
@@ -64,3 +69,40 @@ def test_openapi_documents_the_api() -> None:
         assert {"408", "415"} <= set(paths[path][method]["responses"]), path
     assert not {"/docs", "/redoc", "/openapi.json"} & set(paths)
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+@pytest.mark.parametrize("component", ["AlignRequest", "JobCreate"])
+@pytest.mark.parametrize(
+    ("data", "valid"),
+    [
+        ({"dataset": "ds_0123"}, True),
+        ({"dataset": "ds_0123", "source": None, "target": None}, True),
+        ({"source": [[0.1, 0.2]] * 4, "target": [[0.3]] * 4}, True),
+        ({"dataset": None, "source": ["AAAAAA=="], "target": ["AAAAAA=="]}, True),
+        ({}, False),
+        ({"dataset": None}, False),
+        ({"source": [[0.1]] * 4}, False),
+        ({"dataset": "ds_0123", "source": [[0.1]] * 4}, False),
+        ({"dataset": "ds_0123", "source": [[0.1]] * 4, "target": [[0.1]] * 4}, False),
+    ],
+)
+def test_pairs_body_schema_agrees_with_the_server(
+    component: str, data: dict[str, Any], valid: bool
+) -> None:
+    """The body's ``oneOf`` (a dataset id, or inline source + target) accepts exactly what
+    the server's validation accepts, so a schema-driven client is never refused for it."""
+    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    body = dict(data)
+    if component == "JobCreate":
+        body |= {"source_model": "a", "target_model": "b"}
+    validator = jsonschema.Draft202012Validator(
+        {**schema["components"]["schemas"][component], "components": schema["components"]}
+    )
+    model = {"AlignRequest": AlignRequest, "JobCreate": JobCreate}[component]
+    try:
+        model.model_validate(body)
+        server_accepts = True
+    except pydantic.ValidationError:
+        server_accepts = False
+    assert validator.is_valid(body) is valid
+    assert server_accepts is valid

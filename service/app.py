@@ -40,7 +40,8 @@ Translate embedding vectors from one model's space into another's through traine
 stitches. Responses follow the OpenAI embeddings conventions; every error has the body
 `{"error": {"type", "code", "message", "param", "request_id"}}` and every response an
 `X-Request-ID` header. When API keys are configured, every route except `/healthz`,
-`/readyz` and `/metrics` needs `Authorization: Bearer <key>`.
+`/readyz`, `/metrics` and the documentation (`/docs`, `/redoc`, `/openapi.json`) needs
+`Authorization: Bearer <key>` ("Authorize" on `/docs` takes it).
 """
 
 
@@ -94,8 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=lead.__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
-        # FastAPI's own /docs, /redoc and /openapi.json would bypass the API keys:
-        # service/routes/docs.py serves them as a protected router.
+        # FastAPI's own /docs and /redoc load their assets from a CDN:
+        # service/routes/docs.py serves them with local assets.
         openapi_url=None,
         docs_url=None,
         redoc_url=None,

@@ -58,8 +58,8 @@ class Settings(BaseSettings):
     )
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
-        description="When non-empty, every route except /healthz, /readyz and /metrics requires "
-        "`Authorization: Bearer <key>`.",
+        description="When non-empty, every route except /healthz, /readyz, /metrics and the "
+        "documentation (/docs, /redoc, /openapi.json) requires `Authorization: Bearer <key>`.",
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")

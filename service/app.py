@@ -1,8 +1,8 @@
 """The app factory: ``uvicorn service.app:create_app --factory``.
 
 Everything is built per app (no import-time globals): settings, Prometheus registry,
-concurrency limiter here; the stitch registry in the lifespan, which loads the configured
-stitches onto the configured device (in a background thread unless
+concurrency limiters (translate, align) here; the stitch registry in the lifespan, which
+loads the configured stitches onto the configured device (in a background thread unless
 ``LEAD_LOAD_IN_BACKGROUND=false``) while ``/readyz`` answers 503.
 """
 
@@ -103,7 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests)
+    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests, "translate")
+    app.state.align_limiter = ConcurrencyLimiter(settings.max_concurrent_align, "align")
     install_error_handlers(app)
     include_routers(app)
     # add_middleware puts each one outermost: the request id wraps the body limit.

@@ -127,6 +127,13 @@ class Settings(BaseSettings):
     max_align_pairs: int = Field(
         default=20_000, ge=4, description="Pairs accepted by POST /v1/align."
     )
+    max_concurrent_align: int = Field(
+        default=1,
+        ge=1,
+        description="POST /v1/align requests computed at once (each holds n × n float64 "
+        "matrices of up to `max_align_pairs` pairs, gigabytes at the default); beyond it 429 "
+        "with Retry-After.",
+    )
 
     @field_validator("stitches", "api_keys", mode="before")
     @classmethod

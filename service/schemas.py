@@ -17,6 +17,7 @@ __all__ = [
     "ErrorEnvelope",
     "HealthOut",
     "InfoOut",
+    "JobsInfoOut",
     "LimitsOut",
     "LoadFailureOut",
     "ModelSide",
@@ -184,9 +185,24 @@ class StitchList(BaseModel):
 
 
 class LimitsOut(BaseModel):
-    max_vectors_per_request: int
-    max_body_bytes: int
-    max_concurrent_requests: int
+    max_vectors_per_request: int = Field(description="Vectors in one translate request.")
+    max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
+    max_concurrent_requests: int = Field(description="Translate requests computed at once.")
+    max_concurrent_align: int = Field(description="Align requests computed at once.")
+    max_dataset_bytes: int = Field(description="Bytes of an uploaded dataset file.")
+    max_dataset_rows: int = Field(description="Pairs in an uploaded dataset.")
+    max_inline_pairs: int = Field(description="Pairs sent inline in a job or align request.")
+    max_align_pairs: int = Field(
+        description="Pairs that POST /v1/align scores (a seeded subset of a larger dataset)."
+    )
+
+
+class JobsInfoOut(BaseModel):
+    enabled: bool = Field(
+        description="Whether this server runs training jobs, dataset uploads and POST "
+        "/v1/align (LEAD_ENABLE_JOBS); when false those routes answer 503."
+    )
+    workers: int = Field(description="Training jobs run at once.")
 
 
 class InfoOut(BaseModel):
@@ -196,6 +212,7 @@ class InfoOut(BaseModel):
     device: str
     dtype: str
     limits: LimitsOut
+    jobs: JobsInfoOut
     encodings: list[str] = Field(description="Accepted input and output encodings.")
     auth: bool = Field(description="Whether API keys are required.")
     stitches: int = Field(description="Stitches served now.")

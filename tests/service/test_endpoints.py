@@ -14,7 +14,17 @@ def test_healthz(client: Any) -> None:
 
 
 def test_info(make_client: Any) -> None:
-    client = make_client(max_vectors=100, max_body_bytes=1_000_000, max_concurrent_requests=3)
+    client = make_client(
+        max_vectors=100,
+        max_body_bytes=1_000_000,
+        max_concurrent_requests=3,
+        max_concurrent_align=2,
+        max_dataset_bytes=5_000_000,
+        max_dataset_rows=9_000,
+        max_inline_pairs=300,
+        max_align_pairs=700,
+        job_workers=2,
+    )
     r = client.get("/v1/info")
     assert r.status_code == 200, r.text
     assert r.json() == {
@@ -27,7 +37,13 @@ def test_info(make_client: Any) -> None:
             "max_vectors_per_request": 100,
             "max_body_bytes": 1_000_000,
             "max_concurrent_requests": 3,
+            "max_concurrent_align": 2,
+            "max_dataset_bytes": 5_000_000,
+            "max_dataset_rows": 9_000,
+            "max_inline_pairs": 300,
+            "max_align_pairs": 700,
         },
+        "jobs": {"enabled": True, "workers": 2},
         "encodings": ["float", "base64"],
         "auth": False,
         "stitches": 1,
@@ -100,3 +116,11 @@ def test_metrics_are_per_app(make_client: Any) -> None:
     line = 'lead_http_requests_total{method="GET",route="/healthz",status="200"}'
     assert f"{line} 3.0" in first.get("/metrics").text
     assert f"{line} 1.0" in second.get("/metrics").text
+
+
+def test_info_says_when_jobs_are_off(make_client: Any) -> None:
+    client = make_client(enable_jobs=False)
+    r = client.get("/v1/info")
+    assert r.status_code == 200, r.text
+    assert r.json()["jobs"]["enabled"] is False
+    assert client.post("/v1/align", json={"dataset": "ds_x"}).status_code == 503

@@ -24,6 +24,7 @@ __all__ = [
     "ReadinessOut",
     "StitchList",
     "StitchOut",
+    "StitchSummary",
     "StitchUsed",
     "TranslateOptions",
     "TranslateRequest",
@@ -163,7 +164,11 @@ class ModelSide(BaseModel):
     revision: str | None = None
 
 
-class StitchOut(BaseModel):
+class StitchSummary(BaseModel):
+    """A stitch as ``GET /v1/stitches`` lists it: what it maps and how well, without the
+    bulky parts (the fit's data and held-out ids, the scorecard's baselines) that
+    ``GET /v1/stitches/{id}`` shows."""
+
     object: Literal["stitch"] = "stitch"
     id: str
     source: ModelSide
@@ -175,13 +180,27 @@ class StitchOut(BaseModel):
     normalize_output: bool
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")
+    fit: dict[str, Any] = Field(
+        description="`method`, `pairs` and `seed` of the fit (when recorded); the rest (data "
+        "files, held-out split with its ids, options) in GET /v1/stitches/{id}."
+    )
+    scorecard: dict[str, Any] | None = Field(
+        description="The held-out scorecard's `pairs` and core metrics (`r2_score`, "
+        "`mean_cosine_similarity`, ...); retrieval, baselines and round trip in "
+        "GET /v1/stitches/{id}."
+    )
+
+
+class StitchOut(StitchSummary):
+    """One stitch in full, as ``GET /v1/stitches/{id}`` shows it."""
+
     fit: dict[str, Any] = Field(description="How the stitch was fitted.")
     scorecard: dict[str, Any] | None = Field(description="Held-out scorecard (lead.Scorecard).")
 
 
 class StitchList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[StitchOut]
+    data: list[StitchSummary]
 
 
 class LimitsOut(BaseModel):

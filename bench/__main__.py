@@ -3,6 +3,8 @@
 Sections run one after another (no timing overlaps another measurement): translate
 throughput, a py-spy profile of the service, migration cost, fitting cost, then quality,
 learning curve and alignment (two worker processes); finally ``bench/results/SUMMARY.md``.
+A ``--quick`` run writes to ``bench/results/quick/`` (git-ignored) instead, so that it never
+overwrites the committed results of a full run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, Section, machine, read_result, write_result
+from bench.common import (
+    QUICK_RESULTS,
+    RESULTS,
+    Section,
+    log,
+    machine,
+    read_result,
+    results_dir,
+    use_results_dir,
+    write_result,
+)
 from bench.data import REPO, data_dir
 from bench.quality import ordered_pairs
 
@@ -86,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    args.results = QUICK_RESULTS if args.quick else RESULTS
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s): {', '.join(unknown)}")
@@ -97,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if args.quick else FULL
     if not (data_dir() / "scifact" / "embeddings").is_dir():
         raise SystemExit(f"the real data is missing: {data_dir()} (set LEAD_SHARED_DATA)")
+    use_results_dir(args.results)
+    where = f"{args.results.relative_to(REPO)}/"
+    if args.quick:
+        where += " (a quick run: the committed full-run results in bench/results/ are untouched)"
+    log(f"results go to {where}")
     start = time.perf_counter()
     full = args.sections == list(SECTIONS)
     previous = None if full else read_result("run")
@@ -197,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench import report
 
         report.write_summary()
-        print(f"\nwrote {RESULTS / 'SUMMARY.md'}")
-    print(f"bench finished in {time.perf_counter() - start:.0f} s")
+        print(f"\nwrote {results_dir() / 'SUMMARY.md'}")
+    print(f"bench finished in {time.perf_counter() - start:.0f} s; results in {where}")
     return 0
 
 

@@ -13,20 +13,34 @@ from typing import Any
 import numpy as np
 
 BENCH = Path(__file__).resolve().parent
-RESULTS = BENCH / "results"
+RESULTS = BENCH / "results"  # the committed results of full runs
+QUICK_RESULTS = RESULTS / "quick"  # git-ignored: a --quick run's results, never committed
 TMP = RESULTS / "tmp"  # git-ignored scratch: bench stitches, server logs, profiles
+
+_results_dir = RESULTS  # where this run writes and reads: see use_results_dir
+
+
+def use_results_dir(folder: Path) -> None:
+    """Write and read this run's results (JSON, plots, SUMMARY.md) in ``folder``."""
+    global _results_dir
+    _results_dir = folder
+
+
+def results_dir() -> Path:
+    """This run's results folder: :data:`RESULTS`, or :data:`QUICK_RESULTS` for a quick run."""
+    return _results_dir
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` (pretty, stable key order)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """Write ``<results_dir()>/<name>.json`` (pretty, stable key order)."""
+    results_dir().mkdir(parents=True, exist_ok=True)
+    path = results_dir() / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1, default=_default) + "\n")
     return path
 
 
 def read_result(name: str) -> dict[str, Any] | None:
-    path = RESULTS / f"{name}.json"
+    path = results_dir() / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 

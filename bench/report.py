@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from bench.common import RESULTS, read_result
+from bench.common import read_result, results_dir
 from bench.data import MODELS
 
 QUICK_NOTE = "**quick smoke run** (small sizes; figures not meaningful)"
@@ -279,7 +279,7 @@ def plot_throughput(tp: Any) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "throughput.png", dpi=110)
+    fig.savefig(results_dir() / "throughput.png", dpi=110)
     plt.close(fig)
 
 
@@ -402,7 +402,7 @@ def plot_migration(mig: Any) -> None:
     )
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "migration.png", dpi=110)
+    fig.savefig(results_dir() / "migration.png", dpi=110)
     plt.close(fig)
 
 
@@ -466,7 +466,7 @@ def plot_fitcost(fc: Any) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "fitcost.png", dpi=110)
+    fig.savefig(results_dir() / "fitcost.png", dpi=110)
     plt.close(fig)
 
 
@@ -593,7 +593,7 @@ def plot_quality(q: Any) -> None:
         _heat(axes[0][j], _matrix(q, method, "document_side"), f"{method}: doc-side nDCG ratio")
         _heat(axes[1][j], _matrix(q, method, "query_side"), f"{method}: query-side nDCG ratio")
     fig.tight_layout()
-    fig.savefig(RESULTS / "quality_retention.png", dpi=110)
+    fig.savefig(results_dir() / "quality_retention.png", dpi=110)
     plt.close(fig)
 
 
@@ -638,7 +638,7 @@ def plot_curve(lc: Any) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "learning_curve.png", dpi=110)
+    fig.savefig(results_dir() / "learning_curve.png", dpi=110)
     plt.close(fig)
 
 
@@ -720,7 +720,7 @@ def plot_alignment(al: Any, q: Any) -> None:
     for ax in list(axes.flat)[len(mats) :]:
         ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(RESULTS / "alignment.png", dpi=110)
+    fig.savefig(results_dir() / "alignment.png", dpi=110)
     plt.close(fig)
 
 
@@ -782,7 +782,7 @@ def write_summary() -> None:
         plot_alignment(al, q)
         lines += alignment_section(al, q)
     lines += budget_section(q, fc, mig)
-    (RESULTS / "SUMMARY.md").write_text("\n".join(lines).rstrip() + "\n")
+    (results_dir() / "SUMMARY.md").write_text("\n".join(lines).rstrip() + "\n")
 
 
 def budget_section(q: Any, fc: Any, mig: Any) -> list[str]:

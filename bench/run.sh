@@ -3,7 +3,8 @@
 #   bash bench/run.sh            # full run, < 20 minutes on 2 cores
 #   bash bench/run.sh --quick    # smoke run
 # Uses .venv (created like the README does when missing) and .venv-embed + .embed-models
-# (made by ../shared/data/tools/setup_offline_models.sh when missing). Results: bench/results/.
+# (made by ../shared/data/tools/setup_offline_models.sh when missing). Results: bench/results/
+# (--quick: bench/results/quick/, git-ignored, so the committed full-run results stay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BENCH_STARTED_AT=$(date +%s.%N)

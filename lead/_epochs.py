@@ -45,7 +45,9 @@ def train_epochs(
     batch); ``evaluate()`` the held-out loss. The start counts as epoch 0 with
     ``init_loss``, so training never returns something worse on held-out pairs. Training
     stops after ``patience`` epochs without improvement. ``progress("train", epoch,
-    max_epochs)`` is called after every epoch; what it raises propagates.
+    max_epochs)`` is called after every epoch, except that the epoch where early stopping
+    ends training reports ``progress("train", epoch, epoch)``: the last call always has
+    ``step == total``, so a progress bar ends full. What it raises propagates.
 
     Raises
     ------
@@ -75,9 +77,10 @@ def train_epochs(
             best_state = copy.deepcopy(model.state_dict())
         else:
             stale += 1
+        stop = stale >= patience
         if progress is not None:
-            progress("train", epoch, max_epochs)
-        if stale >= patience:
+            progress("train", epoch, epoch if stop else max_epochs)
+        if stop:
             break
     model.load_state_dict(best_state)
     return EpochsResult(epochs=epoch, best_epoch=best_epoch, best_loss=best_loss)

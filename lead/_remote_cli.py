@@ -94,6 +94,7 @@ def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | Non
             stage = progress["stage"]
             bar = tqdm(total=progress["total"], desc=f"{job['id'][:12]} {stage}", file=sys.stderr)
         if bar is not None:
+            bar.total = progress["total"] or bar.total  # lowered when training stops early
             bar.n = min(progress["step"], bar.total)
             bar.set_postfix_str(job["status"], refresh=True)
 

@@ -109,6 +109,7 @@ def _tqdm_progress() -> tuple[Callable[[str, int, int], None], Callable[[], None
         bar = bars.get(stage)
         if bar is None:
             bar = bars[stage] = tqdm(total=total, desc=stage, unit="epoch", file=sys.stderr)
+        bar.total = total  # lowered to the epochs run when early stopping ends training
         bar.update(step - bar.n)
 
     def close() -> None:

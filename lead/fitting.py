@@ -181,6 +181,7 @@ def fit_stitch(
     progress : callable, optional
         ``progress(stage, step, total)``; ``("fit", 0, 1)`` / ``("fit", 1, 1)`` around the
         other methods, ``("train", epoch, max_epochs)`` while training (mlp, invertible;
+        an early stop's last epoch reports ``("train", epochs, epochs)``;
         invertible also reports ``("init", layer, layers)``), and ``("match", 0, 1)`` /
         ``("refine", round, rounds)`` inside the unsupervised fit. An exception it raises
         (e.g. :class:`~lead.errors.JobCancelledError`) propagates.

@@ -295,7 +295,8 @@ def train_invertible(
     progress : callable, optional
         Called as ``progress("init", layer, coupling_layers)`` before each coupling's
         closed-form start and ``progress("train", epoch, config.max_epochs)`` after every
-        epoch; an exception it raises (e.g. :class:`~lead.errors.JobCancelledError`)
+        epoch (the last one ``progress("train", epochs, epochs)`` when early stopping ends
+        training); an exception it raises (e.g. :class:`~lead.errors.JobCancelledError`)
         propagates.
     normalize_output, normalize_inverse_output : bool, default False
         L2-normalise the forward (target-space) and inverse (source-space) outputs; the

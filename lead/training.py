@@ -171,7 +171,9 @@ def train_mlp(
     config : MLPConfig, optional
         Training settings; defaults to ``MLPConfig()``.
     progress : callable, optional
-        Called as ``progress("train", epoch, config.max_epochs)`` after every epoch. An
+        Called as ``progress("train", epoch, config.max_epochs)`` after every epoch; when
+        early stopping ends training, the last call is ``progress("train", epochs,
+        epochs)`` (the stage ends complete, its total lowered to the epochs run). An
         exception it raises (e.g. :class:`~lead.errors.JobCancelledError`) stops training
         and propagates.
     normalize_output : bool, default False

@@ -1,8 +1,8 @@
 """The app factory: ``uvicorn service.app:create_app --factory``.
 
 Everything is built per app (no import-time globals): settings, Prometheus registry,
-concurrency limiter here; the stitch registry in the lifespan, which loads the configured
-stitches onto the configured device (in a background thread unless
+concurrency limiters (translate, align) here; the stitch registry in the lifespan, which
+loads the configured stitches onto the configured device (in a background thread unless
 ``LEAD_LOAD_IN_BACKGROUND=false``) while ``/readyz`` answers 503.
 """
 
@@ -40,7 +40,8 @@ Translate embedding vectors from one model's space into another's through traine
 stitches. Responses follow the OpenAI embeddings conventions; every error has the body
 `{"error": {"type", "code", "message", "param", "request_id"}}` and every response an
 `X-Request-ID` header. When API keys are configured, every route except `/healthz`,
-`/readyz` and `/metrics` needs `Authorization: Bearer <key>`.
+`/readyz`, `/metrics` and the documentation (`/docs`, `/redoc`, `/openapi.json`) needs
+`Authorization: Bearer <key>` ("Authorize" on `/docs` takes it).
 """
 
 
@@ -94,15 +95,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=lead.__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
-        # FastAPI's own /docs, /redoc and /openapi.json would bypass the API keys:
-        # service/routes/docs.py serves them as a protected router.
+        # FastAPI's own /docs and /redoc load their assets from a CDN:
+        # service/routes/docs.py serves them with local assets.
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests)
+    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests, "translate")
+    app.state.align_limiter = ConcurrencyLimiter(settings.max_concurrent_align, "align")
     install_error_handlers(app)
     include_routers(app)
     # add_middleware puts each one outermost: the request id wraps the body limit.

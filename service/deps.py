@@ -1,4 +1,4 @@
-"""FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiter),
+"""FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiters),
 and :func:`require_json`, the one content-type rule of every route with a JSON body.
 
 All are ``async def``: they do no blocking work, and FastAPI runs a plain ``def``
@@ -18,10 +18,12 @@ from service.registry import StitchRegistry
 from service.settings import Settings
 
 __all__ = [
+    "AlignLimiterDep",
     "LimiterDep",
     "MetricsDep",
     "RegistryDep",
     "SettingsDep",
+    "get_align_limiter",
     "get_limiter",
     "get_metrics",
     "get_registry",
@@ -42,6 +44,11 @@ async def get_metrics(request: Request) -> Metrics:
 
 async def get_limiter(request: Request) -> ConcurrencyLimiter:
     limiter: ConcurrencyLimiter = request.app.state.limiter
+    return limiter
+
+
+async def get_align_limiter(request: Request) -> ConcurrencyLimiter:
+    limiter: ConcurrencyLimiter = request.app.state.align_limiter
     return limiter
 
 
@@ -74,4 +81,5 @@ async def require_json(request: Request) -> None:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 LimiterDep = Annotated[ConcurrencyLimiter, Depends(get_limiter)]
+AlignLimiterDep = Annotated[ConcurrencyLimiter, Depends(get_align_limiter)]
 RegistryDep = Annotated[StitchRegistry, Depends(get_registry)]

@@ -238,11 +238,13 @@ class BodyLimitMiddleware:
 class ConcurrencyLimiter:
     """At most ``limit`` holders at once; one more is refused at once, never queued.
 
-    Single event loop only (the counter is not locked: it is changed between awaits).
+    ``what`` names the requests in the refusal (``"translate"``, ``"align"``). Single event
+    loop only (the counter is not locked: it is changed between awaits).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, what: str = "") -> None:
         self.limit = limit
+        self.what = what
         self.in_flight = 0
 
     def try_acquire(self) -> bool:
@@ -258,8 +260,9 @@ class ConcurrencyLimiter:
     async def slot(self, retry_after: int = 1) -> AsyncIterator[None]:
         """Hold a slot for the body of the ``async with``; raise OverloadedError when full."""
         if not self.try_acquire():
+            requests = f"{self.what} requests" if self.what else "requests"
             raise OverloadedError(
-                f"too many requests in flight (limit {self.limit}); retry shortly",
+                f"too many {requests} in flight (limit {self.limit}); retry shortly",
                 retry_after=retry_after,
             )
         try:

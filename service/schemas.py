@@ -17,12 +17,14 @@ __all__ = [
     "ErrorEnvelope",
     "HealthOut",
     "InfoOut",
+    "JobsInfoOut",
     "LimitsOut",
     "LoadFailureOut",
     "ModelSide",
     "ReadinessOut",
     "StitchList",
     "StitchOut",
+    "StitchSummary",
     "StitchUsed",
     "TranslateOptions",
     "TranslateRequest",
@@ -162,7 +164,11 @@ class ModelSide(BaseModel):
     revision: str | None = None
 
 
-class StitchOut(BaseModel):
+class StitchSummary(BaseModel):
+    """A stitch as ``GET /v1/stitches`` lists it: what it maps and how well, without the
+    bulky parts (the fit's data and held-out ids, the scorecard's baselines) that
+    ``GET /v1/stitches/{id}`` shows."""
+
     object: Literal["stitch"] = "stitch"
     id: str
     source: ModelSide
@@ -174,19 +180,48 @@ class StitchOut(BaseModel):
     normalize_output: bool
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")
+    fit: dict[str, Any] = Field(
+        description="`method`, `pairs` and `seed` of the fit (when recorded); the rest (data "
+        "files, held-out split with its ids, options) in GET /v1/stitches/{id}."
+    )
+    scorecard: dict[str, Any] | None = Field(
+        description="The held-out scorecard's `pairs` and core metrics (`r2_score`, "
+        "`mean_cosine_similarity`, ...); retrieval, baselines and round trip in "
+        "GET /v1/stitches/{id}."
+    )
+
+
+class StitchOut(StitchSummary):
+    """One stitch in full, as ``GET /v1/stitches/{id}`` shows it."""
+
     fit: dict[str, Any] = Field(description="How the stitch was fitted.")
     scorecard: dict[str, Any] | None = Field(description="Held-out scorecard (lead.Scorecard).")
 
 
 class StitchList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[StitchOut]
+    data: list[StitchSummary]
 
 
 class LimitsOut(BaseModel):
-    max_vectors_per_request: int
-    max_body_bytes: int
-    max_concurrent_requests: int
+    max_vectors_per_request: int = Field(description="Vectors in one translate request.")
+    max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
+    max_concurrent_requests: int = Field(description="Translate requests computed at once.")
+    max_concurrent_align: int = Field(description="Align requests computed at once.")
+    max_dataset_bytes: int = Field(description="Bytes of an uploaded dataset file.")
+    max_dataset_rows: int = Field(description="Pairs in an uploaded dataset.")
+    max_inline_pairs: int = Field(description="Pairs sent inline in a job or align request.")
+    max_align_pairs: int = Field(
+        description="Pairs that POST /v1/align scores (a seeded subset of a larger dataset)."
+    )
+
+
+class JobsInfoOut(BaseModel):
+    enabled: bool = Field(
+        description="Whether this server runs training jobs, dataset uploads and POST "
+        "/v1/align (LEAD_ENABLE_JOBS); when false those routes answer 503."
+    )
+    workers: int = Field(description="Training jobs run at once.")
 
 
 class InfoOut(BaseModel):
@@ -196,6 +231,7 @@ class InfoOut(BaseModel):
     device: str
     dtype: str
     limits: LimitsOut
+    jobs: JobsInfoOut
     encodings: list[str] = Field(description="Accepted input and output encodings.")
     auth: bool = Field(description="Whether API keys are required.")
     stitches: int = Field(description="Stitches served now.")

@@ -58,8 +58,8 @@ class Settings(BaseSettings):
     )
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
-        description="When non-empty, every route except /healthz, /readyz and /metrics requires "
-        "`Authorization: Bearer <key>`.",
+        description="When non-empty, every route except /healthz, /readyz, /metrics and the "
+        "documentation (/docs, /redoc, /openapi.json) requires `Authorization: Bearer <key>`.",
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     )
     max_align_pairs: int = Field(
         default=20_000, ge=4, description="Pairs accepted by POST /v1/align."
+    )
+    max_concurrent_align: int = Field(
+        default=1,
+        ge=1,
+        description="POST /v1/align requests computed at once (each holds n × n float64 "
+        "matrices of up to `max_align_pairs` pairs, gigabytes at the default); beyond it 429 "
+        "with Retry-After.",
     )
 
     @field_validator("stitches", "api_keys", mode="before")

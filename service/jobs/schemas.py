@@ -259,7 +259,10 @@ class JobProgress(BaseModel):
         "queued."
     )
     step: int
-    total: int
+    total: int = Field(
+        description="Steps of the current stage (`train`: max_epochs, lowered to the epochs "
+        "run when early stopping ends training, so that the stage ends at step == total)."
+    )
     fraction: float = Field(ge=0, le=1, description="step / total of the current stage.")
 
 

@@ -9,8 +9,8 @@ from service.routes import align, datasets, docs, health, info, jobs, stitches, 
 
 __all__ = ["OPEN_ROUTERS", "PROTECTED_ROUTERS", "include_routers"]
 
-#: Routers served without API keys.
-OPEN_ROUTERS: tuple[APIRouter, ...] = (health.router,)
+#: Routers served without API keys (the documentation holds no secrets).
+OPEN_ROUTERS: tuple[APIRouter, ...] = (health.router, docs.router)
 #: Routers behind API keys (when keys are configured). Add new resources here.
 PROTECTED_ROUTERS: tuple[APIRouter, ...] = (
     info.router,
@@ -19,12 +19,13 @@ PROTECTED_ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     datasets.router,
     align.router,
-    docs.router,
 )
 
 
 def include_routers(app: FastAPI) -> None:
-    """Include every router, with API-key checks on the protected ones."""
+    """Include every router, with API-key checks on the protected ones, and the
+    documentation pages' static files."""
+    docs.mount_assets(app)
     for router in OPEN_ROUTERS:
         app.include_router(router)
     for router in PROTECTED_ROUTERS:

@@ -1,7 +1,9 @@
 """``POST /v1/align``: how well two embedding spaces align, from paired vectors.
 
 Synchronous (no job): :func:`lead.alignment.alignment_scores` runs in the thread pool, on
-at most ``LEAD_MAX_ALIGN_PAIRS`` pairs (a seeded subset of a larger dataset).
+at most ``LEAD_MAX_ALIGN_PAIRS`` pairs (a seeded subset of a larger dataset). At most
+``LEAD_MAX_CONCURRENT_ALIGN`` run at once (each holds n × n matrices); one more is refused
+at once with 429 and ``Retry-After``, never queued.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
 
-from service.deps import require_json
+from service.deps import AlignLimiterDep, SettingsDep, require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import AlignRequest, AlignResponse, job_error_responses
 
@@ -22,11 +25,17 @@ router = APIRouter(tags=["align"])
 @router.post(
     "/v1/align",
     response_model=AlignResponse,
-    responses=job_error_responses(400, 404, 408, 413, 415, 422),
+    responses=job_error_responses(400, 401, 404, 408, 413, 415, 422, 429, 503),
     dependencies=[Depends(require_json)],
     summary="Score the alignment of two paired embedding sets",
 )
-def align(body: AlignRequest, jobs: JobsDep) -> dict[str, Any]:
+async def align(
+    body: AlignRequest, jobs: JobsDep, limiter: AlignLimiterDep, settings: SettingsDep
+) -> dict[str, Any]:
     """Representation similarity (linear and unbiased CKA, mutual k-NN, CKNNA, cycle k-NN,
-    SVCCA, PWCCA) and cross-validated ridge R² ("alignability") of the pairs."""
-    return jobs.align(body)
+    SVCCA, PWCCA) and cross-validated ridge R² ("alignability") of the pairs.
+    At most `LEAD_MAX_CONCURRENT_ALIGN` requests are computed at once; beyond it 429 with
+    `Retry-After`."""
+    async with limiter.slot(settings.retry_after_seconds):
+        result: dict[str, Any] = await run_in_threadpool(jobs.align, body)
+    return result

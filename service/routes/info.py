@@ -1,4 +1,4 @@
-"""``GET /v1/info``: version, device, limits, encodings."""
+"""``GET /v1/info``: version, device, limits, whether jobs run here, encodings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 import lead
 from service.deps import RegistryDep, SettingsDep
-from service.schemas import InfoOut, LimitsOut, error_responses
+from service.schemas import InfoOut, JobsInfoOut, LimitsOut, error_responses
 
 __all__ = ["router"]
 
@@ -24,7 +24,13 @@ async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
             max_vectors_per_request=settings.max_vectors,
             max_body_bytes=settings.max_body_bytes,
             max_concurrent_requests=settings.max_concurrent_requests,
+            max_concurrent_align=settings.max_concurrent_align,
+            max_dataset_bytes=settings.max_dataset_bytes,
+            max_dataset_rows=settings.max_dataset_rows,
+            max_inline_pairs=settings.max_inline_pairs,
+            max_align_pairs=settings.max_align_pairs,
         ),
+        jobs=JobsInfoOut(enabled=settings.enable_jobs, workers=settings.job_workers),
         encodings=["float", "base64"],
         auth=bool(settings.api_keys),
         stitches=len(registry.entries()),

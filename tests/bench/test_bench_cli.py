@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,13 @@ if str(REPO) not in sys.path:  # bench/ is a folder of scripts, not an installed
     sys.path.insert(0, str(REPO))
 
 from bench.__main__ import FULL, QUICK, SECTIONS, parse_args  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    read_result,
+    results_dir,
+    use_results_dir,
+    write_result,
+)
 from bench.pyspy_profile import fold  # noqa: E402
 from bench.throughput import acceptance  # noqa: E402
 
@@ -68,3 +77,23 @@ def test_acceptance_judges_the_bundled_stitches_and_reports_ridge_as_the_worst_c
     assert acc["worst_by_kind"] == {"bundled (MLP)": 0.45, "ridge": 0.2}
     rounds["minilm-to-mpnet"]["median_fraction"] = 0.29
     assert not acceptance({"acceptance_rounds": rounds, "rows": []})["passes"]
+
+
+def test_a_quick_run_writes_outside_the_committed_results(tmp_path: Path) -> None:
+    assert parse_args([]).results == RESULTS
+    quick = parse_args(["--quick", "--only", "report"]).results
+    assert quick != RESULTS and RESULTS in quick.parents
+    if shutil.which("git") and (REPO / ".git").exists():
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", str(quick / "SUMMARY.md")], cwd=REPO, check=False
+        )
+        assert ignored.returncode == 0, f"{quick} is not git-ignored"
+    # what a run writes and reads goes to the folder it chose
+    use_results_dir(tmp_path / "quick")
+    try:
+        path = write_result("fitcost", {"rows": [1]})
+        assert path == tmp_path / "quick" / "fitcost.json"
+        assert read_result("fitcost") == {"rows": [1]}
+        assert results_dir() == tmp_path / "quick"
+    finally:
+        use_results_dir(RESULTS)

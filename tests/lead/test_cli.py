@@ -275,3 +275,15 @@ def test_fit_rejects_ids_of_the_wrong_length(
     ids.write_text(json.dumps(["a", "b"]))
     assert main(_fit_args(tmp_path / "x", "--ids", str(ids))) == 2
     assert "400 ids" in capsys.readouterr().err
+
+
+def test_fit_mlp_progress_bar_ends_full_when_training_stops_early(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = ["--method", "mlp", "--option", "hidden_dim=16", "--option", "max_epochs=60"]
+    options += ["--option", "patience=2", "--option", "lr=0.02"]
+    assert main(_fit_args(tmp_path / "mlp", *options)) == 0
+    epochs = load_stitch(tmp_path / "mlp").info.fit["epochs"]
+    assert epochs < 60  # early stopping ended training
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("train: 100%") and f" {epochs}/{epochs} " in last, last

@@ -172,3 +172,15 @@ def test_feature_init_with_zero_epochs_of_gain_keeps_the_closed_form_fit(
     last = stitch.mlp[-1]
     assert isinstance(last, torch.nn.Linear)
     assert float(last.weight.abs().max()) > 0  # the feature layer is used, not zeroed
+
+
+def test_an_early_stop_ends_the_progress_complete() -> None:
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(200, 4)), rng.normal(size=(200, 3))  # nothing to learn
+    calls: list[tuple[str, int, int]] = []
+    config = MLPConfig(**{**FAST, "max_epochs": 50}, patience=2, lr=1e-2)
+    stitch = train_mlp(X, Y, config, lambda *a: calls.append(a))
+    epochs = stitch.info.fit["epochs"]
+    assert epochs < 50
+    # every epoch but the last out of max_epochs; the last one completes the stage
+    assert calls == [("train", e, 50) for e in range(1, epochs)] + [("train", epochs, epochs)]

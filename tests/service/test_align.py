@@ -3,10 +3,13 @@ bad request (each followed by a good one)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -14,6 +17,9 @@ from jobs_helpers import dataset_bytes, make_jobs_client, upload
 from service_helpers import b64
 
 from lead.alignment import alignment_scores
+from service.app import create_app
+from service.jobs.manager import JobManager
+from service.settings import Settings
 
 MAX_ALIGN = 120
 MAX_INLINE = 100
@@ -151,3 +157,72 @@ def test_wrong_content_type_is_415_then_a_good_one(client: TestClient, scifact_s
         assert r.json()["error"]["code"] == "unsupported_media_type"
         good = client.post("/v1/align", content=body, headers={"content-type": "application/json"})
         assert good.status_code == 200, good.text
+
+
+def test_align_over_its_concurrency_limit_is_429_then_admitted(
+    client: TestClient, scifact_small: Any
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:12], scifact_small.corpus["mpnet"][:12]
+    body = {"source": X.tolist(), "target": Y.tolist(), "folds": 2}
+    limiter = client.app.state.align_limiter  # type: ignore[attr-defined]
+    assert limiter.limit == 1  # LEAD_MAX_CONCURRENT_ALIGN's default
+    assert limiter.try_acquire()  # the one slot is held, as by an align in progress
+    try:
+        r = client.post("/v1/align", json=body)
+    finally:
+        limiter.release()
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "overloaded"
+    assert "align" in r.json()["error"]["message"]
+    good = client.post("/v1/align", json=body)
+    assert good.status_code == 200, good.text
+    assert limiter.in_flight == 0
+
+
+def test_a_running_align_holds_its_slot_and_leaves_translate_free(
+    tmp_path: Any, scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(
+        stitches=[],
+        device="cpu",
+        load_in_background=False,
+        data_dir=tmp_path,
+        retry_after_seconds=3,
+    )
+    app = create_app(settings)
+    release = threading.Event()
+    original = JobManager.align
+
+    def gated_align(self: JobManager, body: Any) -> dict[str, Any]:
+        assert release.wait(10), "the test never released the first align"
+        return original(self, body)
+
+    monkeypatch.setattr(JobManager, "align", gated_align)
+    X, Y = scifact_small.corpus["minilm"][:12], scifact_small.corpus["mpnet"][:12]
+    body = {"source": X.tolist(), "target": Y.tolist(), "folds": 2}
+
+    async def main() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                first = asyncio.create_task(http.post("/v1/align", json=body))
+                for _ in range(500):
+                    if app.state.align_limiter.in_flight == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                second = await http.post("/v1/align", json=body)
+                # translate has its own limiter: it is not refused as overloaded (404: no stitch)
+                translate = await http.post("/v1/translate", json={"stitch": "x", "input": [[1.0]]})
+                assert translate.status_code == 404, translate.text
+                release.set()
+                first_response = await first
+                third = await http.post("/v1/align", json=body)
+                return first_response, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.status_code == 200, first.text
+    assert second.status_code == 429, second.text
+    assert second.headers["retry-after"] == "3"
+    assert third.status_code == 200, third.text
+    assert app.state.align_limiter.in_flight == 0

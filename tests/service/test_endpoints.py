@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import lead
+from lead.scorecard import CORE_METRICS
+from service.settings import DEFAULT_MODELS_DIR
 
 
 def test_healthz(client: Any) -> None:
@@ -14,7 +17,17 @@ def test_healthz(client: Any) -> None:
 
 
 def test_info(make_client: Any) -> None:
-    client = make_client(max_vectors=100, max_body_bytes=1_000_000, max_concurrent_requests=3)
+    client = make_client(
+        max_vectors=100,
+        max_body_bytes=1_000_000,
+        max_concurrent_requests=3,
+        max_concurrent_align=2,
+        max_dataset_bytes=5_000_000,
+        max_dataset_rows=9_000,
+        max_inline_pairs=300,
+        max_align_pairs=700,
+        job_workers=2,
+    )
     r = client.get("/v1/info")
     assert r.status_code == 200, r.text
     assert r.json() == {
@@ -27,7 +40,13 @@ def test_info(make_client: Any) -> None:
             "max_vectors_per_request": 100,
             "max_body_bytes": 1_000_000,
             "max_concurrent_requests": 3,
+            "max_concurrent_align": 2,
+            "max_dataset_bytes": 5_000_000,
+            "max_dataset_rows": 9_000,
+            "max_inline_pairs": 300,
+            "max_align_pairs": 700,
         },
+        "jobs": {"enabled": True, "workers": 2},
         "encodings": ["float", "base64"],
         "auth": False,
         "stitches": 1,
@@ -43,7 +62,11 @@ def test_list_and_get_stitches(client: Any, fitted: Any) -> None:
     r = client.get("/v1/stitches/minilm-to-pml3")
     assert r.status_code == 200, r.text
     stitch = r.json()
-    assert stitch == body["data"][1]
+    listed = body["data"][1]
+    assert {k: v for k, v in stitch.items() if k not in ("fit", "scorecard")} == {
+        k: v for k, v in listed.items() if k not in ("fit", "scorecard")
+    }
+    assert listed["fit"] == {k: stitch["fit"][k] for k in ("method", "pairs", "seed")}
     assert stitch["object"] == "stitch"
     assert stitch["source"]["model"] == fitted.models["minilm"]
     assert stitch["target"] == {
@@ -59,6 +82,28 @@ def test_list_and_get_stitches(client: Any, fitted: Any) -> None:
     assert stitch["fit"]["method"] == "ridge"
     assert stitch["fit"]["pairs"] == 400
     assert "scorecard" in stitch
+
+
+def test_the_list_is_compact_and_one_stitch_is_whole(make_client: Any) -> None:
+    """Bundled stitches record ~500 held-out ids each: only the single view carries them."""
+    ids = ["minilm-to-mpnet", "minilm-to-pml3-invertible"]
+    client = make_client([str(DEFAULT_MODELS_DIR / stitch_id) for stitch_id in ids])
+    r = client.get("/v1/stitches")
+    assert r.status_code == 200, r.text
+    listed = {s["id"]: s for s in r.json()["data"]}
+    assert len(r.content) < 1500 * len(ids), len(r.content)
+    for stitch_id in ids:
+        one = client.get(f"/v1/stitches/{stitch_id}")
+        assert one.status_code == 200, one.text
+        full, summary = one.json(), listed[stitch_id]
+        assert len(full["fit"]["holdout"]["ids"]) == full["fit"]["holdout"]["test_pairs"] > 100
+        assert "baselines" in full["scorecard"] and "data" in full["fit"]
+        assert "holdout" not in summary["fit"] and "ids" not in json.dumps(summary)
+        assert summary["fit"] == {k: full["fit"][k] for k in ("method", "pairs", "seed")}
+        assert summary["scorecard"] == {k: full["scorecard"][k] for k in ("pairs", *CORE_METRICS)}
+        assert {k: v for k, v in summary.items() if k not in ("fit", "scorecard")} == {
+            k: v for k, v in full.items() if k not in ("fit", "scorecard")
+        }
 
 
 def test_request_id_is_honoured_when_sane(client: Any) -> None:
@@ -100,3 +145,11 @@ def test_metrics_are_per_app(make_client: Any) -> None:
     line = 'lead_http_requests_total{method="GET",route="/healthz",status="200"}'
     assert f"{line} 3.0" in first.get("/metrics").text
     assert f"{line} 1.0" in second.get("/metrics").text
+
+
+def test_info_says_when_jobs_are_off(make_client: Any) -> None:
+    client = make_client(enable_jobs=False)
+    r = client.get("/v1/info")
+    assert r.status_code == 200, r.text
+    assert r.json()["jobs"]["enabled"] is False
+    assert client.post("/v1/align", json={"dataset": "ds_x"}).status_code == 503

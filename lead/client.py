@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +94,9 @@ def _error_from(response: httpx.Response) -> le.LeadError:
     exc: le.LeadError
     if code in _SIMPLE_ERRORS:
         exc = _SIMPLE_ERRORS[code](message, param=param)
+    elif code == "zero_vector":
+        index = re.fullmatch(r".*\[(\d+)\]", param or "")
+        exc = le.ZeroVectorError(message, row=int(index[1]) if index else -1, param=param)
     elif code == "too_few_pairs":
         exc = le.TooFewPairsError(message, minimum=0, got=0, param=param)
     elif status == 413:

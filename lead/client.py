@@ -225,9 +225,14 @@ class LeadClient:
         seed: int = 0,
         push_to_hub: str | None = None,
         stitch_id: str | None = None,
+        allow_below_baseline: bool = False,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Start a training job from a dataset id or inline arrays (n, d_src) / (n, d_tgt).
+
+        ``allow_below_baseline`` serves (and pushes) the stitch even when its held-out
+        R² is at or below the mean-estimator baseline; otherwise such a job succeeds with
+        ``result.served`` false and ``result.not_served_reason``.
 
         Returns
         -------
@@ -250,6 +255,8 @@ class LeadClient:
             body["push_to_hub"] = push_to_hub
         if stitch_id is not None:
             body["stitch_id"] = stitch_id
+        if allow_below_baseline:
+            body["allow_below_baseline"] = True
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return dict(self._request("POST", "/v1/jobs", json=body, headers=headers))
 

@@ -10,6 +10,7 @@ from torch import Tensor
 from lead._validation import as_matrix
 from lead.errors import NonFiniteOutputError, ShapeMismatchError
 from lead.stitches import Stitch, oriented
+from lead.unit_input import normalize_input
 
 __all__ = ["apply_stitch"]
 
@@ -24,7 +25,9 @@ def apply_stitch(
     stitch : Stitch
         Any stitch; evaluated in ``eval`` mode under ``torch.no_grad``, then restored.
     X : array or Tensor of shape (n, d_src)
-        Source-model vectors.
+        Source-model vectors. When the stitch was fitted on unit-length vectors
+        (``info.source_normalized``; ``target_normalized`` with ``inverse``), rows are
+        scaled to unit length first (:func:`lead.unit_input.normalize_input`).
     batch_size : int, default 65536
         Rows per forward pass.
     inverse : bool, default False
@@ -44,6 +47,9 @@ def apply_stitch(
         If ``inverse`` and the stitch is not invertible.
     NonFiniteError
         If ``X`` holds NaN or infinity.
+    ZeroVectorError
+        If the stitch expects unit-length input and a row of ``X`` is all zeros
+        (``param`` ``X[i]``).
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
     """
@@ -58,6 +64,7 @@ def apply_stitch(
             got=source.shape[1],
             param="X",
         )
+    source, _ = normalize_input(stitch, source, inverse=inverse, param="X")
     was_training = stitch.training
     stitch.eval()
     try:

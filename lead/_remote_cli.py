@@ -104,6 +104,11 @@ def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | Non
         if bar is not None:
             bar.close()
     _print(job)
+    result = job.get("result") or {}
+    if result.get("served") is False:
+        sys.stderr.write(
+            f"warning: stitch {result['stitch_id']} is not served: {result['not_served_reason']}\n"
+        )
     return 0 if job["status"] == "succeeded" else 1
 
 
@@ -126,6 +131,7 @@ def _submit(client: LeadClient, args: argparse.Namespace) -> int:
         seed=args.seed,
         push_to_hub=args.push_to_hub,
         stitch_id=args.stitch_id,
+        allow_below_baseline=args.allow_below_baseline,
         idempotency_key=args.idempotency_key,
     )
     if args.wait:
@@ -218,6 +224,12 @@ def add_remote_commands(commands: Any) -> None:
     submit.add_argument("--seed", type=int, default=0)
     submit.add_argument("--push-to-hub", metavar="ORG/NAME")
     submit.add_argument("--stitch-id")
+    submit.add_argument(
+        "--allow-below-baseline",
+        action="store_true",
+        help="serve (and push) the stitch even if its held-out R² is at or below the "
+        "mean-estimator baseline (by default such a stitch is kept but not served)",
+    )
     submit.add_argument("--idempotency-key")
     submit.add_argument("--wait", action="store_true", help="follow the job to its end")
     submit.add_argument("--interval", type=float, default=1.0, help="seconds between polls")

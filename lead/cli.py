@@ -8,6 +8,9 @@
     lead score models/minilm-to-mpnet --source X.npy --target Y.npy --all
     lead translate models/minilm-to-mpnet --input corpus.npy --output translated.npy
 
+``lead translate`` scales input rows to unit length first when the stitch was fitted on
+unit-length vectors (a zero row is an error), and reports how many it rescaled.
+
 Results go to stdout as JSON, progress bars to stderr, and a :class:`~lead.errors.LeadError`
 becomes ``error: <message>`` on stderr with exit status 2.
 """
@@ -29,6 +32,7 @@ from lead.errors import (
     LeadError,
     NonFiniteOutputError,
     ShapeMismatchError,
+    ZeroVectorError,
 )
 from lead.splits import holdout_split
 
@@ -269,6 +273,7 @@ def _translate(args: argparse.Namespace) -> int:
     from lead.artifacts import load_stitch
     from lead.data import EmbeddingReader, EmbeddingWriter
     from lead.stitches import oriented
+    from lead.unit_input import expects_unit_input, normalize_input
 
     stitch = load_stitch(args.stitch, device=args.device)
     run, d_in, d_out = oriented(stitch, inverse=args.inverse, name=str(args.stitch))
@@ -291,18 +296,38 @@ def _translate(args: argparse.Namespace) -> int:
         "source_file": str(args.input),
     }
     n, param = len(reader), next(stitch.parameters())
+    rescaled = 0
     with (
         EmbeddingWriter(args.output, n, d_out, metadata=meta) as writer,
         tqdm(total=n, unit="vec", desc="translate", file=sys.stderr) as bar,
         torch.inference_mode(),
     ):
         for start, rows in reader.iter_batches(args.batch_size):
-            out = run(torch.from_numpy(rows).to(device=param.device, dtype=param.dtype))
+            x = torch.from_numpy(rows).to(device=param.device)
+            try:
+                x, count = normalize_input(stitch, x, inverse=args.inverse)
+            except ZeroVectorError as error:
+                row = start + error.row
+                raise ZeroVectorError(
+                    f"row {row} of {args.input} is a zero vector; the stitch was fitted on "
+                    "unit-length vectors and scales each input to unit length",
+                    row=row,
+                    param=f"input[{row}]",
+                ) from None
+            rescaled += count
+            out = run(x.to(dtype=param.dtype))
             if not bool(torch.isfinite(out).all()):
                 raise NonFiniteOutputError(f"the stitch produced NaN or infinity near row {start}")
             writer.write(out.float().cpu().numpy())
             bar.update(len(rows))
-    print(json.dumps({"output": str(args.output), "rows": n, "dim": d_out}))
+    summary = {
+        "output": str(args.output),
+        "rows": n,
+        "dim": d_out,
+        "input_normalized": expects_unit_input(stitch, inverse=args.inverse),
+        "rescaled_inputs": rescaled,
+    }
+    print(json.dumps(summary))
     return 0
 
 

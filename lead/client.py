@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +94,9 @@ def _error_from(response: httpx.Response) -> le.LeadError:
     exc: le.LeadError
     if code in _SIMPLE_ERRORS:
         exc = _SIMPLE_ERRORS[code](message, param=param)
+    elif code == "zero_vector":
+        index = re.fullmatch(r".*\[(\d+)\]", param or "")
+        exc = le.ZeroVectorError(message, row=int(index[1]) if index else -1, param=param)
     elif code == "too_few_pairs":
         exc = le.TooFewPairsError(message, minimum=0, got=0, param=param)
     elif status == 413:
@@ -221,9 +225,14 @@ class LeadClient:
         seed: int = 0,
         push_to_hub: str | None = None,
         stitch_id: str | None = None,
+        allow_below_baseline: bool = False,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Start a training job from a dataset id or inline arrays (n, d_src) / (n, d_tgt).
+
+        ``allow_below_baseline`` serves (and pushes) the stitch even when its held-out
+        R² is at or below the mean-estimator baseline; otherwise such a job succeeds with
+        ``result.served`` false and ``result.not_served_reason``.
 
         Returns
         -------
@@ -246,6 +255,8 @@ class LeadClient:
             body["push_to_hub"] = push_to_hub
         if stitch_id is not None:
             body["stitch_id"] = stitch_id
+        if allow_below_baseline:
+            body["allow_below_baseline"] = True
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return dict(self._request("POST", "/v1/jobs", json=body, headers=headers))
 

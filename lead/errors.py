@@ -11,6 +11,8 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── InvalidInputError (ValueError)            bad arrays or arguments
     │   ├── ShapeMismatchError                    wrong dimension or row count (expected, got)
     │   ├── NonFiniteError                        NaN or infinity in the input
+    │   ├── ZeroVectorError                       an all-zero vector where a unit-length one
+    │   │                                         is needed (row)
     │   ├── TooFewPairsError                      fewer paired rows than a method needs
     │   ├── DecodeError                           base64 or file bytes that do not decode
     │   ├── NotInvertibleError                    an inverse asked of a stitch that has none
@@ -69,6 +71,7 @@ __all__ = [
     "TooFewPairsError",
     "UnknownArchitectureError",
     "UnsupportedMediaTypeError",
+    "ZeroVectorError",
 ]
 
 
@@ -112,6 +115,21 @@ class ShapeMismatchError(InvalidInputError):
 
 class NonFiniteError(InvalidInputError):
     """NaN or infinity in the input."""
+
+
+class ZeroVectorError(InvalidInputError):
+    """An all-zero input vector for a stitch fitted on unit-length vectors: it has no
+    direction, so it cannot be scaled to unit length.
+
+    Attributes
+    ----------
+    row : int
+        Index of the (first) zero vector in the input.
+    """
+
+    def __init__(self, message: str, *, row: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.row = row
 
 
 class TooFewPairsError(InvalidInputError):

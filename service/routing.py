@@ -1,8 +1,11 @@
 """Routes: one stitch or a chain of stitches, how to find the shortest, and how to run one.
 
 A :class:`Route` runs its stitches in one ``torch.inference_mode()`` forward and checks the
-output for NaN and infinity. :func:`shortest_chain` is a breadth-first search over the
-model graph (an edge per stitch), so a chain has the fewest stitches possible.
+output for NaN and infinity. Before each stitch fitted on unit-length vectors the batch is
+scaled to unit length (:func:`lead.unit_input.normalize_input`): the user's input before
+the first, the previous stitch's output before the next ones of a chain.
+:func:`shortest_chain` is a breadth-first search over the model graph (an edge per
+stitch), so a chain has the fewest stitches possible.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from lead.errors import NonFiniteOutputError, StitchFormatError
+from lead.errors import NonFiniteOutputError, StitchFormatError, ZeroVectorError
 from lead.stitches import Stitch, oriented, unit_rows
+from lead.unit_input import expects_unit_input, normalize_input
 
 __all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
 
@@ -103,29 +107,53 @@ class Route:
         models = [self.entries[0].source_model] + [e.target_model for e in self.entries]
         return models[::-1] if self.inverse else models
 
-    def translate(self, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+    @property
+    def input_normalized(self) -> bool:
+        """Whether the input is scaled to unit length (the first stitch was fitted on
+        unit-length vectors of the route's source model)."""
+        return expects_unit_input(self.entries[0].stitch, inverse=self.inverse)
+
+    def translate(self, x: np.ndarray, *, normalize: bool = False) -> tuple[np.ndarray, int]:
         """Apply the stitch (or chain) to ``x``.
 
         Parameters
         ----------
         x : ndarray of shape (n, d_src), float32
-            (``d_src`` of the route: the stitch's ``d_tgt`` when ``inverse``)
+            (``d_src`` of the route: the stitch's ``d_tgt`` when ``inverse``); finite.
         normalize : bool
             L2-normalise the output rows.
 
         Returns
         -------
-        ndarray of shape (n, d_tgt), float32, finite.
+        y : ndarray of shape (n, d_tgt), float32, finite
+        rescaled : int
+            How many rows of ``x`` were scaled to unit length (:attr:`input_normalized`).
 
         Raises
         ------
+        ZeroVectorError
+            If a stitch fitted on unit-length vectors meets an all-zero row (``input[i]``).
         NonFiniteOutputError
             If any output row has NaN or infinity (the row is named).
         """
+        rescaled = 0
         with torch.inference_mode():
-            y = torch.from_numpy(x).to(device=self.device, dtype=self.dtype)
-            for entry in self.entries:
-                y = oriented(entry.stitch, inverse=self.inverse)[0](y)
+            y = torch.from_numpy(x).to(device=self.device)
+            for hop, entry in enumerate(self.entries):
+                try:
+                    y, count = normalize_input(entry.stitch, y, inverse=self.inverse)
+                except ZeroVectorError as error:
+                    if hop == 0:
+                        raise
+                    raise ZeroVectorError(
+                        f"stitch {self.entries[hop - 1].id} mapped input[{error.row}] to a zero "
+                        f"vector, which stitch {entry.id} (fitted on unit-length vectors) "
+                        "cannot take",
+                        row=error.row,
+                        param=f"input[{error.row}]",
+                    ) from None
+                rescaled = count if hop == 0 else rescaled
+                y = oriented(entry.stitch, inverse=self.inverse)[0](y.to(self.dtype))
             if normalize:
                 y = unit_rows(y)
             out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()
@@ -136,7 +164,7 @@ class Route:
                 "(are its values far outside the source model's range?)",
                 param=f"input[{row}]",
             )
-        return out
+        return out, rescaled
 
 
 def probe_stitch(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> None:

@@ -144,6 +144,8 @@ class TranslateResponse(BaseModel):
                             "sentence-transformers/all-mpnet-base-v2",
                         ],
                     },
+                    "input_normalized": True,
+                    "rescaled_inputs": 0,
                     "usage": {"vectors": 1},
                 }
             ]
@@ -154,6 +156,18 @@ class TranslateResponse(BaseModel):
     data: list[EmbeddingOut]
     model: str = Field(description="The model whose space the answer is in.")
     stitch: StitchUsed
+    input_normalized: bool = Field(
+        description="Whether the input vectors were scaled to unit length before translation: "
+        "true when the (first) stitch was fitted on unit-length vectors of the input's model "
+        "(its `source.normalized`, or `target.normalized` for `inverse`)."
+    )
+    rescaled_inputs: int = Field(
+        ge=0,
+        description="How many input vectors were not of unit length (L2 norm off 1 by more "
+        "than 1e-3) and were rescaled to unit length; always 0 when `input_normalized` is "
+        "false. Nonzero means the vectors were scaled somewhere on their way (e.g. "
+        "unnormalised model output) and now answer as their unit-length versions.",
+    )
     usage: Usage
 
 
@@ -273,7 +287,8 @@ _ERROR_DESCRIPTIONS = {
     408: "The request body did not arrive in time (LEAD_BODY_TIMEOUT_SECONDS).",
     413: "Request body over the byte limit.",
     415: "Content-Type is not application/json.",
-    422: "Dimension mismatch, ragged batch, NaN or infinity, too many vectors, invalid fields.",
+    422: "Dimension mismatch, ragged batch, NaN or infinity, an all-zero vector for a stitch "
+    "fitted on unit-length vectors (`zero_vector`), too many vectors, invalid fields.",
     429: "Too many requests in flight; see Retry-After.",
     503: "Not ready: stitches still loading; see Retry-After.",
 }

@@ -137,7 +137,8 @@ class JobManager:
 
         Leftovers of interrupted writes are removed; ``running`` jobs become ``failed``
         (``interrupted``) and their partial stitch folders are removed; ``queued`` jobs are
-        submitted again.
+        submitted again. Saved stitches are served again, except those whose job decided
+        not to serve them (``result.served`` false: below the baseline).
         """
         self.layout.prepare()
         self.layout.clean_leftovers()
@@ -150,8 +151,10 @@ class JobManager:
             if self.layout.relative(path) not in known:  # written just before a crash
                 logger.warning("removing %s: no dataset or job refers to it", path)
                 path.unlink(missing_ok=True)
+        unserved = self.store.unserved_stitch_ids()
         for folder in self.layout.stitch_dirs():
-            self._register(folder.name)
+            if folder.name not in unserved:
+                self._register(folder.name)
         if self.runner is None:
             token = self.settings.hf_token
             config = WorkerConfig(
@@ -164,7 +167,7 @@ class JobManager:
                 self.store,
                 config,
                 workers=self.settings.job_workers,
-                on_succeeded=lambda job: self._register(job.stitch_id, strict=True),
+                on_succeeded=self._on_succeeded,
                 cancel_grace_s=self.settings.job_cancel_grace_seconds,
             )
         self.runner.start()
@@ -177,6 +180,11 @@ class JobManager:
             self.runner.stop()
         if self._store is not None:
             self._store.close()
+
+    def _on_succeeded(self, job: JobRecord) -> None:
+        """Serve a finished job's stitch, unless its result says not to (below baseline)."""
+        if (job.result or {}).get("served", True):
+            self._register(job.stitch_id, strict=True)
 
     def _register(self, stitch_id: str, *, strict: bool = False) -> None:
         if self.registry is None:

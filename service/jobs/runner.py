@@ -8,8 +8,9 @@ server process
 
 - claims queued jobs (``queued`` → ``running`` in SQLite) and hands each to an idle worker;
 - on a worker's ``finished`` event, calls ``on_succeeded`` (which registers the new stitch
-  for translation) *before* marking the job ``succeeded``, so a client that sees the status
-  can translate with the stitch in its next request;
+  for translation, unless the job's result says it is not served) *before* marking the job
+  ``succeeded``, so a client that sees the status can translate with the stitch in its next
+  request;
 - replaces a worker that died (its job is ``failed`` with the code ``worker_crashed``; a
   worker that dies before it is ready is restarted after a growing delay, up to 30 s), and
   kills one that ignores a cancellation for ``cancel_grace_s`` seconds.

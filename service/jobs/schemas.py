@@ -214,6 +214,16 @@ class JobCreate(PairsInput):
         pattern=STITCH_ID_PATTERN,
         description="Id of the resulting stitch; default `<source>-to-<target>-<job>`.",
     )
+    # strict: JSON true / false only (not "yes", 1 or "true")
+    allow_below_baseline: bool = Field(
+        default=False,
+        strict=True,
+        description="Serve (and push) the stitch even when its held-out `r2_score` is at or "
+        "below the mean-estimator baseline (0: no better than answering the training mean "
+        "for every vector). By default such a job succeeds and keeps the stitch on disk, but "
+        "does not serve or push it; `result.served` is false and `result.not_served_reason` "
+        "says why.",
+    )
 
     @field_validator("method")
     @classmethod
@@ -272,14 +282,28 @@ class JobError(BaseModel):
 
 
 class PushResult(BaseModel):
-    status: Literal["pending", "succeeded", "failed"]
+    status: Literal["pending", "succeeded", "failed", "skipped"] = Field(
+        description="`skipped`: not pushed because the stitch is not served."
+    )
     repo_id: str | None = None
     stitch: str | None = Field(default=None, description="`org/name@commit` once pushed.")
-    reason: str | None = Field(default=None, description="Why the push failed.")
+    reason: str | None = Field(default=None, description="Why the push failed or was skipped.")
 
 
 class JobResult(BaseModel):
-    stitch_id: str = Field(description="Serve it at once with `POST /v1/translate`.")
+    stitch_id: str = Field(
+        description="The stitch's id; when `served`, use it at once with `POST /v1/translate`."
+    )
+    served: bool = Field(
+        default=True,
+        description="Whether the stitch is served (listed in `GET /v1/stitches`). False when "
+        "its held-out `r2_score` is at or below the mean-estimator baseline (0) and the job "
+        "did not set `allow_below_baseline`; the stitch is still saved under "
+        "`LEAD_DATA_DIR/stitches/`, and stays unserved after a restart.",
+    )
+    not_served_reason: str | None = Field(
+        default=None, description="Why the stitch is not served (null when it is)."
+    )
     push: PushResult | None = None
 
 
@@ -297,6 +321,9 @@ class JobOut(BaseModel):
     pairs: int
     stitch_id: str = Field(description="Id the stitch gets (or got).")
     push_to_hub: str | None
+    allow_below_baseline: bool = Field(
+        description="Whether the stitch is served even at or below the baseline."
+    )
     progress: JobProgress
     created_at: int = Field(description="Unix seconds.")
     started_at: int | None
@@ -325,6 +352,7 @@ class JobOut(BaseModel):
             pairs=job.pairs,
             stitch_id=job.stitch_id,
             push_to_hub=r.get("push_to_hub"),
+            allow_below_baseline=r.get("allow_below_baseline", False),
             progress=JobProgress(
                 stage=job.stage, step=job.step, total=job.total, fraction=min(fraction, 1.0)
             ),

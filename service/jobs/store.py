@@ -302,6 +302,19 @@ class JobStore:
         )
         return [r["id"] for r in rows]
 
+    def unserved_stitch_ids(self) -> set[str]:
+        """Stitch ids of succeeded jobs whose result says the stitch is not served
+        (``"served": false``: kept on disk, never registered, also after a restart)."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT stitch_id, result FROM jobs"
+                " WHERE status = 'succeeded' AND result IS NOT NULL"
+            )
+            .fetchall()
+        )
+        return {r["stitch_id"] for r in rows if _loads(r["result"]).get("served") is False}
+
     def claim_job(self, job_id: str) -> bool:
         """Move a ``queued`` job to ``running``; False when it is no longer queued."""
         with self._transaction() as conn:

@@ -9,11 +9,15 @@ connection, and then runs the jobs its runner sends it. :func:`run_job` is one j
 2. fit on the training rows with :func:`lead.fit_stitch`, reporting progress to SQLite and
    stopping (:class:`~lead.errors.JobCancelledError`) once the job is ``cancelling``;
 3. score on the held-out rows with :func:`lead.scorecard.score_stitch`;
-4. save the stitch atomically under ``stitches/<stitch_id>`` and store the scorecard;
-5. push it to the Hub when asked.
+4. save the stitch atomically under ``stitches/<stitch_id>`` and store the scorecard, with
+   the serving decision (:func:`serving_decision`): a stitch whose held-out R² is at or
+   below the mean-estimator baseline is kept but neither served nor pushed, unless the job
+   set ``allow_below_baseline``;
+5. push it to the Hub when asked (and served).
 
 A failure is stored as ``{code, message}``; the runner, told through the event queue,
-registers a successful stitch in the server and marks the job ``succeeded``.
+registers a successful stitch in the server (when ``result.served``) and marks the job
+``succeeded``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from lead.errors import ConflictError, JobCancelledError, LeadError
 from service.jobs.layout import DataLayout
 from service.jobs.store import JobRecord, JobStore
 
-__all__ = ["WorkerConfig", "run_job", "worker_main"]
+__all__ = ["BASELINE_R2", "WorkerConfig", "run_job", "serving_decision", "worker_main"]
 
 logger = logging.getLogger("lead.jobs.worker")
 
@@ -102,6 +106,39 @@ def _unit_rows(vectors: np.ndarray) -> bool:
     """Whether every row of ``vectors`` (n, d) has unit L2 norm (to 1e-3)."""
     norms = np.linalg.norm(vectors.astype(np.float64, copy=False), axis=1)
     return bool(np.allclose(norms, 1.0, atol=1e-3))
+
+
+#: Held-out R² of the mean-estimator baseline: predicting the training target mean for
+#: every row scores exactly 0 (``lead.metrics.r2_score`` with that mean as reference).
+BASELINE_R2 = 0.0
+
+
+def serving_decision(scorecard: dict[str, Any], request: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether a job's stitch is served (and pushed), and if not, why.
+
+    Parameters
+    ----------
+    scorecard : dict
+        The held-out scorecard (:meth:`lead.Scorecard.to_dict`), with ``r2_score``.
+    request : dict
+        The stored job request; ``allow_below_baseline`` (default false) serves the stitch
+        whatever its score.
+
+    Returns
+    -------
+    served : bool
+        False when the held-out ``r2_score`` is at or below :data:`BASELINE_R2` (no
+        better than answering the training mean) and the job did not allow it.
+    reason : str or None
+        A sentence for the job's ``result.not_served_reason`` when not served.
+    """
+    r2 = float(scorecard["r2_score"])
+    if r2 > BASELINE_R2 or request.get("allow_below_baseline", False):
+        return True, None
+    return False, (
+        f"held-out r2_score {r2:.3g} is at or below the mean-estimator baseline "
+        f"({BASELINE_R2:g}); submit the job again with allow_below_baseline: true to serve it"
+    )
 
 
 def _retrieval_data(data: Any, test_idx: Any) -> Any:
@@ -197,13 +234,23 @@ def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerC
             )
         save_stitch(stitch, folder)
         repo_id = request.get("push_to_hub")
-        result: dict[str, Any] = {"stitch_id": job.stitch_id, "push": None}
+        served, reason = serving_decision(card, request)
+        result: dict[str, Any] = {
+            "stitch_id": job.stitch_id,
+            "served": served,
+            "not_served_reason": reason,
+            "push": None,
+        }
         if repo_id:
-            result["push"] = {"status": "pending", "repo_id": repo_id}
+            result["push"] = (
+                {"status": "pending", "repo_id": repo_id}
+                if served
+                else {"status": "skipped", "repo_id": repo_id, "reason": f"not served: {reason}"}
+            )
         if not store.set_outcome(job.id, scorecard=card, result=result):
             shutil.rmtree(folder, ignore_errors=True)  # settled meanwhile (a restart): no stitch
             raise JobCancelledError(f"job {job.id} is no longer running")
-        if repo_id:
+        if repo_id and served:
             progress("pushing", 0, 1)
             result["push"] = _push(folder, repo_id, config.hf_token)
             store.set_outcome(job.id, scorecard=card, result=result)

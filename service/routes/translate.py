@@ -3,7 +3,8 @@
 Hot path, all in a worker thread so that the event loop stays free: the raw body is parsed
 with orjson (pydantic validates only the small fields) and decoded into one float32 array
 (a compact base64 array is cut out of the raw body and decoded in one call, see
-:mod:`service.compact_base64`), run through the stitch (or chain) in one forward under
+:mod:`service.compact_base64`), scaled to unit length where the stitch was fitted on
+unit-length vectors, run through the stitch (or chain) in one forward under
 ``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
 are written straight into the JSON text)."""
 
@@ -198,7 +199,7 @@ def _translate(
         options, items = _parse_options(payload)
         route = _find_route(registry, options)
         x = _decode_input(body, payload, items, route.d_src, settings.max_vectors)
-    y = route.translate(x, normalize=options.normalize)
+    y, rescaled = route.translate(x, normalize=options.normalize)
     ids = [entry.id for entry in route.entries]
     rest = {
         "model": route.target_model,
@@ -208,6 +209,8 @@ def _translate(
             "chain": ids,
             "models": route.models,
         },
+        "input_normalized": route.input_normalized,
+        "rescaled_inputs": rescaled,
         "usage": {"vectors": len(y)},
     }
     # {"object": "list", "data": [...], **rest}, with the (large) data array pre-rendered
@@ -236,6 +239,11 @@ async def translate(
     """Translate `input` with the stitch named by `stitch`, or by `source_model` +
     `target_model` (through the shortest chain of stitches when no direct one exists,
     unless `strict`). `data[i]` answers `input[i]`; `stitch.chain` names the stitches used.
+
+    A stitch fitted on unit-length vectors (`source.normalized` in its listing; for
+    `"direction": "inverse"`, `target.normalized`) gets its input scaled to unit length first:
+    `input_normalized` says so and `rescaled_inputs` counts the vectors that were not of unit
+    length. An all-zero vector cannot be scaled: 422 `zero_vector`, naming `input[i]`.
     """
     # Read the body first: the limiter guards compute, and a slow client must not hold a
     # slot (the body limit middleware times the read out with 408).

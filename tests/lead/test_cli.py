@@ -165,7 +165,13 @@ def test_translate_streams_the_whole_file(
         "7",
     ]
     assert main(args) == 0
-    assert json.loads(capsys.readouterr().out) == {"output": str(target), "rows": 100, "dim": 768}
+    assert json.loads(capsys.readouterr().out) == {
+        "output": str(target),
+        "rows": 100,
+        "dim": 768,
+        "input_normalized": True,  # fitted on unit-length minilm vectors
+        "rescaled_inputs": 0,  # which the queries are
+    }
     got = np.load(target) if output.endswith(".npy") else load_file(target)["embeddings"]
     source = load_file(DATA)["minilm_queries"]
     with torch.no_grad():

@@ -229,6 +229,30 @@ def test_cli_submit_from_files_and_local_align(cli: Any, pairs_file: Path) -> No
     assert set(names) <= set(local)
 
 
+def test_cli_submit_allow_below_baseline(cli: Any, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    from tests.conftest import FIXTURES
+
+    everyday = load_file(FIXTURES / "everyday_sentences.safetensors")
+    order = np.random.default_rng(0).permutation(len(everyday["mpnet"]))
+    path = tmp_path / "shuffled.safetensors"  # pairs that cannot be learnt: R² below 0
+    path.write_bytes(save({"source": everyday["minilm"], "target": everyday["mpnet"][order]}))
+    submit = (
+        "jobs", "submit", "--source", f"{path}:source", "--target", f"{path}:target",
+        "--source-model", MINILM, "--target-model", MPNET, "--wait", "--interval", "0.05",
+    )  # fmt: skip
+    status, job, err = cli(*submit)
+    assert status == 0, err
+    assert job["status"] == "succeeded" and job["allow_below_baseline"] is False
+    assert job["result"]["served"] is False
+    assert f"warning: stitch {job['stitch_id']} is not served: held-out r2_score" in err
+    status, job, err = cli(*submit, "--allow-below-baseline")
+    assert status == 0, err
+    assert job["allow_below_baseline"] is True and job["result"]["served"] is True
+    assert "not served" not in err
+
+
 def test_cli_unreachable_server(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

@@ -23,7 +23,7 @@ from lead.errors import (
 from lead.fitting import fit_ridge
 from lead.scorecard import CORE_METRICS, RetrievalData, Scorecard, score_stitch
 from lead.splits import holdout_split
-from lead.stitches import AffineStitch
+from lead.stitches import AffineStitch, StitchInfo
 
 LAYOUT = [
     "pairs",
@@ -58,7 +58,8 @@ QUERY_SIDE = {
 
 
 def _identity_stitch(d: int) -> AffineStitch:
-    stitch = AffineStitch(d, d)
+    # it takes raw vectors as they are (a stitch fitted on unit-length ones would rescale)
+    stitch = AffineStitch(d, d, info=StitchInfo(source_normalized=False, target_normalized=False))
     with torch.no_grad():
         stitch.weight.copy_(torch.eye(d))
     return stitch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -305,11 +306,17 @@ def test_body_over_the_limit(make_client: Any, queries: Any) -> None:
     assert client.get("/v1/info").json()["limits"]["max_body_bytes"] == 20_000
 
 
-def test_non_finite_output_is_refused(make_client: Any, fitted: Any, queries: Any) -> None:
-    from lead.artifacts import load_stitch
+def test_non_finite_output_is_refused(
+    make_client: Any, fitted: Any, queries: Any, tmp_path: Path
+) -> None:
+    from lead.artifacts import load_stitch, save_stitch
 
-    client = make_client(["minilm-to-mpnet-raw"])
-    weight = load_stitch(fitted.folder("minilm-to-mpnet-raw")).weight.detach().numpy()
+    # a stitch that takes its inputs as they are (one fitted on unit-length vectors would
+    # scale the huge input below to unit length first)
+    stitch = load_stitch(fitted.folder("minilm-to-mpnet-raw"))
+    stitch.info.source_normalized = False
+    client = make_client([str(save_stitch(stitch, tmp_path / "minilm-to-mpnet-raw"))])
+    weight = stitch.weight.detach().numpy()
     row = int(np.abs(weight).sum(axis=1).argmax())
     assert np.abs(weight[row]).sum() > 1.5  # so the next input overflows float32 in row `row`
     x = np.full((3, 384), 0.01, dtype=np.float32)

@@ -1,0 +1,121 @@
+"""Inputs of stitches fitted on unit-length vectors: scaled to unit length before the map.
+
+A stitch learns a map between the vectors it saw. When those source vectors were all of
+unit length (``StitchInfo.source_normalized``, recorded from the data by
+:func:`lead.fit_stitch`), the length of an input carries no meaning for the source model,
+but it changes what an affine or MLP stitch answers: the centring ``x - source_mean`` and
+every non-linearity see a different point. So every translation path (:func:`lead.
+_apply.apply_stitch`, ``lead translate``, the service's ``POST /v1/translate``) calls
+:func:`normalize_input` first; run backwards (``inverse``), the input is a target-model
+vector and ``target_normalized`` decides.
+
+An all-zero vector has no direction and is refused (:class:`~lead.errors.ZeroVectorError`,
+naming its row) rather than mapped to the stitch's constant answer.
+
+>>> import torch
+>>> from lead.stitches import AffineStitch
+>>> stitch = AffineStitch(2, 2)  # StitchInfo() records unit-length sources by default
+>>> x, rescaled = normalize_input(stitch, torch.tensor([[3.0, 4.0], [0.6, 0.8]]))
+>>> x, rescaled
+(tensor([[0.6000, 0.8000],
+        [0.6000, 0.8000]]), 1)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lead.errors import ZeroVectorError
+from lead.stitches import Stitch
+
+__all__ = ["UNIT_NORM_TOLERANCE", "expects_unit_input", "normalize_input"]
+
+#: A row whose L2 norm is within this of 1 counts as unit length and is passed unchanged
+#: (the tolerance :func:`lead.fit_stitch` uses to record a side as normalised).
+UNIT_NORM_TOLERANCE = 1e-3
+
+
+def expects_unit_input(stitch: Stitch, *, inverse: bool = False) -> bool:
+    """Whether ``stitch`` was fitted on unit-length inputs in the direction asked.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        Any stitch.
+    inverse : bool, default False
+        The direction: forward inputs are source-model vectors, inverse ones target-model
+        vectors.
+
+    Returns
+    -------
+    bool
+        ``stitch.info.source_normalized`` (``target_normalized`` with ``inverse``).
+    """
+    info = stitch.info
+    return bool(info.target_normalized if inverse else info.source_normalized)
+
+
+def normalize_input(
+    stitch: Stitch, x: Tensor, *, inverse: bool = False, param: str = "input"
+) -> tuple[Tensor, int]:
+    r"""Scale the rows of ``x`` to unit length when ``stitch`` expects unit-length input.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        The stitch about to run on ``x``; :func:`expects_unit_input` decides.
+    x : Tensor of shape (n, d)
+        Input vectors (``d = d_src``, or ``d_tgt`` with ``inverse``), floating, finite.
+    inverse : bool, default False
+        Whether the stitch runs backwards.
+    param : str, default "input"
+        How the error names the input (``"input"`` gives ``input[3]``).
+
+    Returns
+    -------
+    x : Tensor of shape (n, d)
+        ``x`` itself when nothing was rescaled; else a new tensor in ``x``'s dtype and
+        device whose rescaled rows have unit L2 norm (the others are unchanged).
+    rescaled : int
+        How many rows were rescaled: those whose norm differs from 1 by more than
+        :data:`UNIT_NORM_TOLERANCE`. Always 0 when the stitch does not expect unit input.
+
+    Raises
+    ------
+    ZeroVectorError
+        If the stitch expects unit input and a row is all zeros (or holds only subnormal
+        values of its dtype, too small to have a reliable direction); ``param`` names the
+        first such row (``input[3]``).
+
+    Notes
+    -----
+    Vectorised, one host synchronisation in the common case: the row norms
+    :math:`\lVert x_i \rVert_2` are computed in one pass, and only when some row is off
+    unit length is each row divided by its largest magnitude :math:`m_i` first,
+    :math:`x_i / m_i / \lVert x_i / m_i \rVert_2`, so that finite rows whose squared norm
+    would overflow or underflow (entries above ~1e19 or below ~1e-19 in float32) are
+    normalised exactly.
+    """
+    if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
+        return x, 0
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    norm = torch.linalg.vector_norm(work, dim=1, keepdim=True)
+    off = ~((norm - 1).abs() <= UNIT_NORM_TOLERANCE)  # NaN and infinity count as off
+    rescaled = int(off.sum())
+    if rescaled == 0:
+        return x, 0
+    peak = work.abs().amax(dim=1, keepdim=True)
+    zero = peak < torch.finfo(work.dtype).tiny
+    if bool(zero.any()):
+        row = int(zero.flatten().nonzero()[0])
+        raise ZeroVectorError(
+            f"{param}[{row}] is a zero vector: the stitch was fitted on unit-length vectors "
+            "and scales each input to unit length, which a vector without a direction cannot "
+            "have",
+            row=row,
+            param=f"{param}[{row}]",
+        )
+    scaled = work / peak
+    unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    return torch.where(off, unit, work).to(x.dtype), rescaled

@@ -40,7 +40,11 @@ Translate embedding vectors from one model's space into another's through traine
 stitches. Responses follow the OpenAI embeddings conventions; every error has the body
 `{"error": {"type", "code", "message", "param", "request_id"}}` and every response an
 `X-Request-ID` header. When API keys are configured, every route except `/healthz`,
-`/readyz` and `/metrics` needs `Authorization: Bearer <key>`.
+`/readyz` and `/metrics` needs `Authorization: Bearer <key>` (401 without a known key), and
+the key's scope must cover the route (403 otherwise): `translate` keys may read (info,
+stitches and their files, this documentation), translate and score alignment; `admin` keys
+may also manage datasets and jobs and delete stitches. Each operation names its scope in
+its security requirement.
 """
 
 

@@ -247,6 +247,11 @@ class PushResult(BaseModel):
 class JobResult(BaseModel):
     stitch_id: str = Field(description="Serve it at once with `POST /v1/translate`.")
     push: PushResult | None = None
+    stitch_deleted_at: int | None = Field(
+        default=None,
+        description="Unix seconds when the stitch was deleted (`DELETE /v1/stitches/{id}`); "
+        "null while it is served.",
+    )
 
 
 class JobOut(BaseModel):

@@ -87,7 +87,7 @@ def test_job_trains_scores_and_is_served_at_once(
     assert (job["holdout_fraction"], job["seed"]) == (0.2, 0)
     assert job["progress"] == {"stage": "done", "step": 1, "total": 1, "fraction": 1.0}
     assert job["created_at"] <= job["started_at"] <= job["finished_at"]
-    assert job["result"] == {"stitch_id": job["stitch_id"], "push": None}
+    assert job["result"] == {"stitch_id": job["stitch_id"], "push": None, "stitch_deleted_at": None}
     assert job["stitch_id"].startswith("all-minilm-l6-v2-to-all-mpnet-base-v2-")
     # the very next request after "succeeded" translates with the new stitch
     r = scifact_job["translated"]

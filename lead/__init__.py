@@ -2,7 +2,13 @@
 
 from lead.alignment import alignment_scores
 from lead.anchors import fit_anchors
-from lead.artifacts import load_stitch, push_stitch, read_stitch_config, save_stitch
+from lead.artifacts import (
+    load_stitch,
+    push_stitch,
+    read_stitch_config,
+    save_stitch,
+    stitch_folder,
+)
 from lead.crossfit import crossfit_retrieval
 from lead.data import EmbeddingReader, EmbeddingWriter, read_embeddings
 from lead.errors import LeadError
@@ -87,6 +93,7 @@ __all__ = [
     "save_stitch",
     "score_stitch",
     "stitch_class",
+    "stitch_folder",
     "svcca_score",
     "top1_accuracy_score",
     "train_invertible",

@@ -1,4 +1,5 @@
-"""``lead`` subcommands that talk to a LEAD server: ``datasets``, ``jobs``, ``align``.
+"""``lead`` subcommands that talk to a LEAD server: ``datasets``, ``jobs``, ``stitches``,
+``align``.
 
 ::
 
@@ -8,6 +9,9 @@
         --source-model minilm --target-model e5 --method mlp --option max_epochs=30
     lead jobs wait job_...            # progress bar on stderr; exit 0 only if it succeeded
     lead jobs list | lead jobs get job_... | lead jobs cancel job_...
+    lead stitches list | lead stitches get ID
+    lead stitches download ID --out DIR   # config.json, model.safetensors, README.md
+    lead stitches delete ID               # a stitch trained by a job (an admin key)
     lead align --source a.npy --target b.npy                # local
     lead align --server http://host:8000 --dataset ds_...   # on the server
 
@@ -159,6 +163,27 @@ def _wait_job(client: LeadClient, args: argparse.Namespace) -> int:
     return _wait(client, args.id, args.interval, args.timeout)
 
 
+def _list_stitches(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.list_stitches())
+    return 0
+
+
+def _get_stitch(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.get_stitch(args.id))
+    return 0
+
+
+def _delete_stitch(client: LeadClient, args: argparse.Namespace) -> int:
+    _print(client.delete_stitch(args.id))
+    return 0
+
+
+def _download_stitch(client: LeadClient, args: argparse.Namespace) -> int:
+    folder = client.download_stitch(args.id, args.out)
+    _print({"id": args.id, "folder": str(folder)})
+    return 0
+
+
 def _align(args: argparse.Namespace) -> int:
     if args.server or args.dataset:
         return int(_remote(_align_remote)(args))
@@ -189,7 +214,8 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_remote_commands(commands: Any) -> None:
-    """Add ``datasets``, ``jobs`` and ``align`` to the ``lead`` subcommand parsers."""
+    """Add ``datasets``, ``jobs``, ``stitches`` and ``align`` to the ``lead`` subcommand
+    parsers."""
     datasets = commands.add_parser("datasets", help="paired-embedding datasets on a server")
     actions = datasets.add_subparsers(dest="action", metavar="ACTION", required=True)
     upload = actions.add_parser("upload", help="upload a .safetensors dataset")
@@ -251,6 +277,25 @@ def add_remote_commands(commands: Any) -> None:
     cancel.add_argument("id")
     cancel.set_defaults(handler=_remote(_cancel_job))
     for sub in (submit, get, listing, wait, cancel):
+        _server_arguments(sub)
+
+    stitches = commands.add_parser("stitches", help="stitches served by a server")
+    actions = stitches.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="list the served stitches")
+    listing.set_defaults(handler=_remote(_list_stitches))
+    get = actions.add_parser("get", help="show a stitch")
+    get.add_argument("id")
+    get.set_defaults(handler=_remote(_get_stitch))
+    download = actions.add_parser(
+        "download", help="download a stitch's files into a folder (lead.load_stitch loads it)"
+    )
+    download.add_argument("id")
+    download.add_argument("--out", required=True, metavar="DIR", help="new or empty folder")
+    download.set_defaults(handler=_remote(_download_stitch))
+    delete = actions.add_parser("delete", help="delete a stitch trained by a job")
+    delete.add_argument("id")
+    delete.set_defaults(handler=_remote(_delete_stitch))
+    for sub in (listing, get, download, delete):
         _server_arguments(sub)
 
     align = commands.add_parser("align", help="alignment scores of two paired embedding sets")

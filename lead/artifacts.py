@@ -38,6 +38,7 @@ __all__ = [
     "push_stitch",
     "read_stitch_config",
     "save_stitch",
+    "stitch_folder",
 ]
 
 FORMAT = "lead-stitch"
@@ -313,6 +314,44 @@ def _load_folder(folder: Path) -> Stitch:
     return stitch
 
 
+def stitch_folder(folder_or_repo_id: str | Path, revision: str | None = None) -> Path:
+    """The local folder holding a stitch's files, downloading a Hub stitch when needed.
+
+    Parameters
+    ----------
+    folder_or_repo_id : str or Path
+        A local stitch folder (returned as it is); otherwise a Hub repo id ``org/name``,
+        optionally pinned as ``org/name@revision``, whose ``config.json``,
+        ``model.safetensors`` and ``README.md`` are fetched through the Hugging Face cache.
+    revision : str, optional
+        Hub branch, tag or commit; must agree with an ``@revision`` in the id.
+
+    Returns
+    -------
+    Path
+        A folder that :func:`load_stitch` loads (its files are not checked here).
+
+    Raises
+    ------
+    StitchNotFoundError
+        No such folder, no such Hub repo / revision, or not cached while offline.
+    InvalidInputError
+        If ``revision`` disagrees with the id's ``@revision``.
+    HubError
+        The Hub could not be reached or refused the download.
+    """
+    spec = str(folder_or_repo_id)
+    folder = Path(spec)
+    if folder.is_dir():
+        return folder
+    repo_id, _, pinned = spec.partition("@")
+    if not _REPO_ID.match(repo_id) or (folder.exists() and not pinned):
+        raise StitchNotFoundError(f"no stitch folder or Hub repo {spec!r}", param="stitch")
+    if pinned and revision and pinned != revision:
+        raise InvalidInputError(f"revision {revision!r} disagrees with {spec!r}", param="revision")
+    return download_snapshot(repo_id, pinned or revision, ARTIFACT_FILES)
+
+
 def load_stitch(
     folder_or_repo_id: str | Path,
     revision: str | None = None,
@@ -350,18 +389,7 @@ def load_stitch(
     HubError
         The Hub could not be reached or refused the download.
     """
-    spec = str(folder_or_repo_id)
-    folder = Path(spec)
-    if not folder.is_dir():
-        repo_id, _, pinned = spec.partition("@")
-        if not _REPO_ID.match(repo_id) or (folder.exists() and not pinned):
-            raise StitchNotFoundError(f"no stitch folder or Hub repo {spec!r}", param="stitch")
-        if pinned and revision and pinned != revision:
-            raise InvalidInputError(
-                f"revision {revision!r} disagrees with {spec!r}", param="revision"
-            )
-        folder = download_snapshot(repo_id, pinned or revision, ARTIFACT_FILES)
-    stitch = _load_folder(folder)
+    stitch = _load_folder(stitch_folder(folder_or_repo_id, revision))
     stitch.requires_grad_(False)
     stitch.to(device=device if device is not None else "cpu")
     if dtype is not None:

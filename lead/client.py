@@ -1,4 +1,5 @@
-"""A small HTTP client of a LEAD server: datasets, training jobs, translation, alignment.
+"""A small HTTP client of a LEAD server: datasets, training jobs, stitches, translation,
+alignment.
 
 ::
 
@@ -9,6 +10,7 @@
         job = lead.submit_job("minilm", "e5", dataset=dataset["id"], method="ridge")
         job = lead.wait_job(job["id"])
         vectors = lead.translate(queries, stitch=job["result"]["stitch_id"])
+        lead.download_stitch(job["result"]["stitch_id"], "my-stitch")  # lead.load_stitch(...)
 
 The server URL defaults to ``LEAD_SERVER_URL`` and the API key to ``LEAD_API_KEY``. An
 error response raises the :class:`~lead.errors.LeadError` subclass matching its ``code``
@@ -21,15 +23,19 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
 
 from lead import errors as le
+from lead.artifacts import ARTIFACT_FILES
 
 __all__ = ["DEFAULT_SERVER_URL", "TERMINAL_STATUSES", "LeadClient", "encode_base64"]
 
@@ -49,6 +55,7 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
     "fit_failed": le.FitError,
     "non_finite_output": le.NonFiniteOutputError,
     "invalid_api_key": le.AuthenticationError,
+    "insufficient_scope": le.PermissionDeniedError,
     "idempotency_key_reused": le.IdempotencyKeyReusedError,
     "conflict": le.ConflictError,
     "hub_error": le.HubError,
@@ -56,6 +63,7 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
 _BY_STATUS: dict[int, type[le.LeadError]] = {
     400: le.InvalidInputError,
     401: le.AuthenticationError,
+    403: le.PermissionDeniedError,
     404: le.NotFoundError,
     409: le.ConflictError,
     415: le.UnsupportedMediaTypeError,
@@ -300,6 +308,78 @@ class LeadClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout} s")
             time.sleep(poll_interval)
+
+    # ---------------------------------------------------------------- stitches
+    def list_stitches(self) -> dict[str, Any]:
+        """The stitches the server serves (``data``: id, models, dimensions, scorecard)."""
+        return dict(self._request("GET", "/v1/stitches"))
+
+    def get_stitch(self, stitch_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/stitches/{quote(stitch_id, safe='/@')}"))
+
+    def delete_stitch(self, stitch_id: str) -> dict[str, Any]:
+        """Delete a stitch trained by a job (needs an ``admin`` key).
+
+        Raises
+        ------
+        ConflictError
+            If the stitch is configured on the server (bundled, a local folder, the Hub).
+        StitchNotFoundError
+            If the server has no such stitch.
+        """
+        return dict(self._request("DELETE", f"/v1/stitches/{quote(stitch_id, safe='/@')}"))
+
+    def download_stitch(self, stitch_id: str, folder: str | Path) -> Path:
+        """Download a served stitch's ``config.json``, ``model.safetensors`` and ``README.md``
+        into ``folder``, which :func:`lead.load_stitch` then loads.
+
+        Parameters
+        ----------
+        stitch_id : str
+            Any served stitch (``minilm-to-mpnet``, ``org/name@revision``).
+        folder : str or Path
+            Created; if it exists it must be empty. The files appear together (they are
+            downloaded into a temporary folder beside it, which is then renamed).
+
+        Returns
+        -------
+        Path
+            ``folder``.
+
+        Raises
+        ------
+        InvalidInputError
+            If ``folder`` exists and is not an empty folder.
+        StitchNotFoundError
+            If the server has no such stitch, or no files for it.
+        """
+        folder = Path(folder)
+        if folder.exists() and not (folder.is_dir() and not any(folder.iterdir())):
+            raise le.InvalidInputError(
+                f"refusing to download into {folder}: it exists and is not an empty folder",
+                param="folder",
+            )
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            for name in ARTIFACT_FILES:  # GET /v1/stitch-files/{name}
+                self._download(f"/v1/stitch-files/{name}", {"stitch": stitch_id}, tmp / name)
+            if folder.exists():
+                folder.rmdir()
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+    def _download(self, path: str, params: dict[str, str], target: Path) -> None:
+        with self.http.stream("GET", path, params=params, headers=self._headers) as response:
+            if response.is_error:
+                response.read()
+                raise _error_from(response)
+            with target.open("wb") as out:
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
 
     # -------------------------------------------------------- translate, align
     def translate(

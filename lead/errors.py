@@ -30,6 +30,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── FitError (RuntimeError)                   fitting failed or diverged
     ├── NonFiniteOutputError (RuntimeError)       a stitch produced NaN / infinity
     ├── AuthenticationError (PermissionError)     missing or wrong API key
+    ├── PermissionDeniedError (PermissionError)   an API key used outside its scope (required)
     ├── ConflictError (ValueError)                a job in a state that forbids the action,
     │   │                                         a stitch id or dataset still in use
     │   └── IdempotencyKeyReusedError             Idempotency-Key reused with another body
@@ -64,6 +65,7 @@ __all__ = [
     "NotReadyError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RequestTimeoutError",
     "ShapeMismatchError",
     "StitchFormatError",
@@ -208,6 +210,22 @@ class NonFiniteOutputError(LeadError, RuntimeError):
 
 class AuthenticationError(LeadError, PermissionError):
     """A missing or wrong API key."""
+
+
+class PermissionDeniedError(LeadError, PermissionError):
+    """A valid API key used outside its scope.
+
+    Attributes
+    ----------
+    required : str or None
+        The scope the action needs (``"admin"``), when known.
+    """
+
+    def __init__(
+        self, message: str, *, required: str | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.required = required
 
 
 class ConflictError(LeadError, ValueError):

@@ -41,7 +41,11 @@ stitches. Responses follow the OpenAI embeddings conventions; every error has th
 `{"error": {"type", "code", "message", "param", "request_id"}}` and every response an
 `X-Request-ID` header. When API keys are configured, every route except `/healthz`,
 `/readyz`, `/metrics` and the documentation (`/docs`, `/redoc`, `/openapi.json`) needs
-`Authorization: Bearer <key>` ("Authorize" on `/docs` takes it).
+`Authorization: Bearer <key>` (401 without a known key; "Authorize" on `/docs` takes it),
+and the key's scope must cover the route (403 otherwise): `translate` keys may read (info,
+stitches and their files), translate and score alignment; `admin` keys may also manage
+datasets and jobs and delete stitches. Each operation names its scope in its security
+requirement.
 """
 
 

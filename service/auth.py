@@ -1,51 +1,90 @@
-"""Optional API keys: ``Authorization: Bearer <key>``, compared in constant time."""
+"""Optional API keys with scopes: ``Authorization: Bearer <key>``, compared in constant time.
+
+Each protected router is included with ``Security(require_api_key, scopes=[scope])``
+(:mod:`service.routes`), so the scope a route needs is written once per router and shows in
+the OpenAPI schema as the operation's security requirement (``HTTPBearer: [admin]``). A
+missing, malformed or unknown key is a 401 (:class:`~lead.errors.AuthenticationError`); a
+known key without the scope is a 403 (:class:`~lead.errors.PermissionDeniedError`).
+"""
 
 from __future__ import annotations
 
 import hmac
 from typing import Annotated
 
-from fastapi import Depends
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer, SecurityScopes
 
-from lead.errors import AuthenticationError
+from lead.errors import AuthenticationError, PermissionDeniedError
 from service.deps import SettingsDep
+from service.settings import ApiKey
 
-__all__ = ["require_api_key"]
+__all__ = ["find_key", "require_api_key"]
 
 _bearer = HTTPBearer(
     auto_error=False,
-    description="An API key from LEAD_API_KEYS (only when keys are configured).",
+    description="An API key from LEAD_API_KEYS (only when keys are configured). Keys with "
+    "the scope `translate` may read and translate; `admin` keys may do everything.",
 )
 
 
-def _key_matches(presented: str, keys: list[bytes]) -> bool:
-    """Compare against every key, without stopping early, in constant time per key."""
+def find_key(presented: str, keys: list[ApiKey]) -> ApiKey | None:
+    """The configured key equal to ``presented``, if any.
+
+    Every key is compared, without stopping at a match, each in constant time.
+    """
     candidate = presented.encode("utf-8")
-    matched = False
+    found = None
     for key in keys:
-        matched |= hmac.compare_digest(candidate, key)
-    return matched
+        if hmac.compare_digest(candidate, key.get_secret_value().encode("utf-8")):
+            found = key
+    return found
+
+
+def _missing_or_malformed(request: Request) -> AuthenticationError:
+    """Why ``HTTPBearer`` found no bearer token: no header, another scheme, or no key."""
+    header = request.headers.get("authorization", "").strip()
+    scheme = header.split(maxsplit=1)[0] if header else ""
+    if not header:
+        message = "missing API key: send the header `Authorization: Bearer <key>`"
+    elif scheme.lower() == "bearer":
+        message = "missing API key after `Bearer`: send `Authorization: Bearer <key>`"
+    else:
+        message = (
+            "the Authorization header does not use the Bearer scheme: "
+            "use `Authorization: Bearer <key>`"
+        )
+    return AuthenticationError(message, param="Authorization")
 
 
 async def require_api_key(
+    security_scopes: SecurityScopes,
+    request: Request,
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """Pass when no keys are configured, or the request carries one of them.
+    """Pass when no keys are configured, or the request carries a key with every scope the
+    route needs (``security_scopes``).
 
     Raises
     ------
     AuthenticationError
-        If keys are configured and the bearer token is missing or wrong.
+        If keys are configured and the bearer token is missing, malformed or unknown.
+    PermissionDeniedError
+        If the key is known but lacks a scope the route needs.
     """
     if not settings.api_keys:
         return
     if credentials is None or not credentials.credentials:
-        raise AuthenticationError(
-            "missing API key: send the header `Authorization: Bearer <key>`",
-            param="Authorization",
-        )
-    keys = [key.get_secret_value().encode("utf-8") for key in settings.api_keys]
-    if not _key_matches(credentials.credentials, keys):
+        raise _missing_or_malformed(request)
+    key = find_key(credentials.credentials, settings.api_keys)
+    if key is None:
         raise AuthenticationError("invalid API key", param="Authorization")
+    for scope in security_scopes.scopes:
+        if not key.grants(scope):
+            raise PermissionDeniedError(
+                f"this API key has the scope {key.scope!r}; {request.method} "
+                f"{request.url.path[:200]} needs a key with the scope {scope!r}",
+                required=scope,
+                param="Authorization",
+            )

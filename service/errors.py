@@ -85,6 +85,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.FitError: ErrorKind(422, _INVALID, "fit_failed"),
     le.NonFiniteOutputError: ErrorKind(422, _INVALID, "non_finite_output"),
     le.AuthenticationError: ErrorKind(401, "authentication_error", "invalid_api_key"),
+    le.PermissionDeniedError: ErrorKind(403, "permission_error", "insufficient_scope"),
     le.ConflictError: ErrorKind(409, _INVALID, "conflict"),
     le.IdempotencyKeyReusedError: ErrorKind(422, _INVALID, "idempotency_key_reused"),
     le.OverloadedError: ErrorKind(429, "rate_limit_error", "overloaded"),
@@ -164,6 +165,8 @@ def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, le.AuthenticationError):
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, le.PermissionDeniedError) and exc.required:  # RFC 6750, section 3
+        headers["WWW-Authenticate"] = f'Bearer error="insufficient_scope", scope="{exc.required}"'
     if isinstance(exc, le.OverloadedError | le.NotReadyError):
         headers["Retry-After"] = str(exc.retry_after)
     return error_response(

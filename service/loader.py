@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from lead.artifacts import load_stitch
+from lead.artifacts import load_stitch, stitch_folder
 from lead.errors import ConflictError, LeadError
 from service.registry import StitchRegistry
 from service.settings import DEFAULT_MODELS_DIR, Settings
@@ -115,13 +115,11 @@ def load_stitches(registry: StitchRegistry, refs: list[StitchRef]) -> None:
                         f"two configured stitches have the id {ref.id!r} ({ref.location})"
                     )
                 seen.add(ref.id)
-                stitch = load_stitch(
-                    ref.location,
-                    revision=ref.revision,
-                    device=registry.device,
-                    dtype=registry.dtype,
+                folder = stitch_folder(ref.location, ref.revision)
+                stitch = load_stitch(folder, device=registry.device, dtype=registry.dtype)
+                registry.register(
+                    ref.id, stitch, origin=ref.origin, revision=ref.revision, folder=folder
                 )
-                registry.register(ref.id, stitch, origin=ref.origin, revision=ref.revision)
                 logger.info(
                     "loaded stitch %s (%s → %s) from %s",
                     ref.id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -98,11 +99,13 @@ class StitchRegistry:
         *,
         origin: Origin = "job",
         revision: str | None = None,
+        folder: Path | None = None,
         replace: bool = False,
     ) -> StitchEntry:
         """Serve ``stitch`` under ``stitch_id`` (moved to the registry's device and dtype).
 
-        Safe to call from any thread, at start-up or at run time.
+        Safe to call from any thread, at start-up or at run time. ``folder`` is the artifact
+        folder it was loaded from, whose files ``GET /v1/stitch-files`` serves.
 
         Raises
         ------
@@ -117,7 +120,7 @@ class StitchRegistry:
         probe_stitch(stitch, self.device, self.dtype)
         with self._lock:
             self._sequence += 1
-            entry = StitchEntry(stitch_id, stitch, origin, revision, self._sequence)
+            entry = StitchEntry(stitch_id, stitch, origin, revision, self._sequence, folder)
             if stitch_id in self._entries and not replace:
                 raise ConflictError(f"a stitch with id {echo(stitch_id)} is already served")
             for model, dim in (
@@ -135,6 +138,28 @@ class StitchRegistry:
             self._entries[stitch_id] = entry
             self._pending.discard(stitch_id)
             self._failures.pop(stitch_id, None)
+        return entry
+
+    def remove(self, stitch_id: str) -> StitchEntry:
+        """Stop serving a stitch; return its entry.
+
+        Requests that already hold its route (a :class:`Route` keeps its entries) finish
+        with it; later ones get 404. A model that no other stitch involves is forgotten, so
+        its dimension no longer binds new stitches.
+
+        Raises
+        ------
+        StitchNotFoundError, NotReadyError
+            As :meth:`get`.
+        """
+        with self._lock:
+            entry = self._entries.pop(stitch_id, None)
+            if entry is None:
+                raise self._not_served(stitch_id)
+            self._model_dims = {}
+            for other in self._entries.values():
+                self._model_dims.setdefault(other.source_model, other.stitch.d_src)
+                self._model_dims.setdefault(other.target_model, other.stitch.d_tgt)
         return entry
 
     # -- lookup ----------------------------------------------------------------------------
@@ -192,19 +217,22 @@ class StitchRegistry:
             entry = self._entries.get(stitch_id)
             if entry is not None:
                 return entry
-            if stitch_id in self._pending:
-                raise NotReadyError(f"stitch {echo(stitch_id)} is still loading")
-            failure = self._failures.get(stitch_id)
-            known = sorted(self._entries)
+            error = self._not_served(stitch_id)
+        raise error
+
+    def _not_served(self, stitch_id: str) -> NotReadyError | StitchNotFoundError:
+        """Why ``stitch_id`` is not served (call with the lock held)."""
+        if stitch_id in self._pending:
+            return NotReadyError(f"stitch {echo(stitch_id)} is still loading")
+        failure = self._failures.get(stitch_id)
         if failure is not None:
-            raise StitchNotFoundError(
+            return StitchNotFoundError(
                 f"stitch {echo(stitch_id)} failed to load at start-up ({failure.error}: "
                 f"{failure.message}); see /readyz",
                 param="stitch",
             )
-        raise StitchNotFoundError(
-            f"no stitch {echo(stitch_id)}; served: {', '.join(known) or 'none'}", param="stitch"
-        )
+        known = ", ".join(sorted(self._entries)) or "none"
+        return StitchNotFoundError(f"no stitch {echo(stitch_id)}; served: {known}", param="stitch")
 
     def route_for_id(self, stitch_id: str, *, inverse: bool = False) -> Route:
         """The route of one stitch, run backwards when ``inverse``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -37,6 +38,9 @@ class StitchEntry:
     revision: str | None = None
     #: Registration order (larger = newer), set by the registry.
     sequence: int = 0
+    #: The artifact folder it was loaded from (config.json, model.safetensors, README.md),
+    #: served by ``GET /v1/stitch-files``; None when it has no files on this server.
+    folder: Path | None = None
 
     @property
     def held_out_r2(self) -> float | None:

@@ -22,6 +22,7 @@ __all__ = [
     "LoadFailureOut",
     "ModelSide",
     "ReadinessOut",
+    "StitchDeleted",
     "StitchList",
     "StitchOut",
     "StitchSummary",
@@ -217,6 +218,16 @@ class StitchList(BaseModel):
     data: list[StitchSummary]
 
 
+class StitchDeleted(BaseModel):
+    object: Literal["stitch.deleted"] = "stitch.deleted"
+    id: str
+    deleted: Literal[True] = True
+    job: str | None = Field(
+        description="The job that trained the stitch (its `result.stitch_deleted_at` is now "
+        "set), or null for a saved stitch that no job record names."
+    )
+
+
 class LimitsOut(BaseModel):
     max_vectors_per_request: int = Field(description="Vectors in one translate request.")
     max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
@@ -283,6 +294,8 @@ class ErrorEnvelope(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "Malformed request: invalid JSON, bad base64, bytes that are not float32, empty input.",
     401: "Missing or wrong API key (`Authorization: Bearer <key>`).",
+    403: "The API key lacks the scope this route needs (`translate`: reading, translating "
+    "and alignment; `admin`: datasets, jobs and deleting stitches).",
     404: "Unknown stitch, model or route.",
     408: "The request body did not arrive in time (LEAD_BODY_TIMEOUT_SECONDS).",
     413: "Request body over the byte limit.",

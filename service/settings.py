@@ -3,6 +3,11 @@
 List settings (``LEAD_STITCHES``, ``LEAD_API_KEYS``) accept a JSON list
 (``'["models/minilm-to-mpnet","org/name@abc123"]'``) or a comma-separated string
 (``models/minilm-to-mpnet,org/name@abc123``).
+
+Each API key is written ``KEY`` or ``KEY:SCOPE`` (:class:`ApiKey`): the scope ``translate``
+allows reading (info, stitches and their files, the API documentation), translating and
+alignment scores; ``admin`` allows everything, datasets, jobs and deleting stitches
+included. A key without a scope is an ``admin`` key, as every key was before scopes.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_MODELS_DIR", "Settings"]
+__all__ = ["DEFAULT_MODELS_DIR", "SCOPES", "ApiKey", "Scope", "Settings"]
 
 #: ``models/`` of the repository: the bundled stitches.
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
@@ -34,11 +39,63 @@ def _split_list(value: Any) -> Any:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+Scope = Literal["translate", "admin"]
+#: The scopes of API keys, each granting what the ones before it grant.
+SCOPES: tuple[Scope, ...] = ("translate", "admin")
+
+
+class ApiKey(BaseModel):
+    """One entry of ``LEAD_API_KEYS``: ``KEY`` (an ``admin`` key) or ``KEY:SCOPE``.
+
+    The text after the last ``:`` must be a scope, so a key that itself contains ``:``
+    is written ``KEY:admin``. Error messages never show the key.
+    """
+
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
+
+    secret: SecretStr
+    scope: Scope = "admin"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        secret, colon, scope = text.rpartition(":")
+        if not colon:
+            secret, scope = text, "admin"
+        elif scope not in SCOPES:
+            raise ValueError(  # never quote the text: it may be part of the key
+                "an API key is written KEY or KEY:SCOPE, but the text after the last ':' is "
+                f"not a scope ({', '.join(SCOPES)}); a key that contains ':' is written "
+                "KEY:admin"
+            )
+        if not secret.strip():
+            raise ValueError("an API key is empty")
+        return {"secret": secret.strip(), "scope": scope}
+
+    def get_secret_value(self) -> str:
+        """The key itself (as :meth:`pydantic.SecretStr.get_secret_value`)."""
+        return self.secret.get_secret_value()
+
+    def grants(self, scope: str) -> bool:
+        """Whether this key may act in ``scope`` (``admin`` includes ``translate``)."""
+        return scope in SCOPES and SCOPES.index(scope) <= SCOPES.index(self.scope)
+
+
 class Settings(BaseSettings):
     """Configuration of the translation service (environment variables ``LEAD_*``)."""
 
+    # hide_input_in_errors: a refused LEAD_API_KEYS must not print the keys
     model_config = SettingsConfigDict(
-        env_prefix="LEAD_", extra="ignore", frozen=True, env_ignore_empty=True
+        env_prefix="LEAD_",
+        extra="ignore",
+        frozen=True,
+        env_ignore_empty=True,
+        hide_input_in_errors=True,
     )
 
     stitches: Annotated[list[str] | None, NoDecode] = Field(
@@ -56,10 +113,12 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="Dtype the stitches run in (inputs and outputs are float32)."
     )
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+    api_keys: Annotated[list[ApiKey], NoDecode] = Field(
         default_factory=list,
         description="When non-empty, every route except /healthz, /readyz, /metrics and the "
-        "documentation (/docs, /redoc, /openapi.json) requires `Authorization: Bearer <key>`.",
+        "documentation (/docs, /redoc, /openapi.json) requires `Authorization: Bearer <key>`. "
+        "Each entry is `KEY` (scope `admin`) or `KEY:SCOPE` with the scope `translate` or "
+        "`admin`.",
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
@@ -139,6 +198,18 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_keys(cls, value: list[ApiKey]) -> list[ApiKey]:
+        secrets = [key.get_secret_value() for key in value]
+        for i, secret in enumerate(secrets):
+            if secret in secrets[:i]:
+                raise ValueError(
+                    f"API keys {secrets.index(secret) + 1} and {i + 1} are the same key; "
+                    "list each key once, with one scope"
+                )
+        return value
 
     @field_validator("device")
     @classmethod

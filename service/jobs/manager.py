@@ -13,9 +13,12 @@ import binascii
 import hashlib
 import json
 import logging
+import os
 import re
+import secrets
 import shutil
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -33,6 +36,7 @@ from lead.errors import (
     ModelMismatchError,
     NotReadyError,
     ShapeMismatchError,
+    StitchNotFoundError,
 )
 from service.encoding import decode_vectors
 from service.errors import echo
@@ -123,6 +127,7 @@ class JobManager:
         self.layout = DataLayout(Path(settings.data_dir).expanduser().resolve())
         self.runner: Runner | None = runner
         self._store: JobStore | None = None
+        self._deleting = threading.Lock()
 
     @property
     def store(self) -> JobStore:
@@ -151,9 +156,13 @@ class JobManager:
             if self.layout.relative(path) not in known:  # written just before a crash
                 logger.warning("removing %s: no dataset or job refers to it", path)
                 path.unlink(missing_ok=True)
+        deleted = self.store.deleted_stitch_ids()
         unserved = self.store.unserved_stitch_ids()
         for folder in self.layout.stitch_dirs():
-            if folder.name not in unserved:
+            if folder.name in deleted:  # the server stopped while deleting it
+                logger.warning("removing %s: its stitch was deleted", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+            elif folder.name not in unserved:
                 self._register(folder.name)
         if self.runner is None:
             token = self.settings.hf_token
@@ -197,7 +206,9 @@ class JobManager:
                 device=self.registry.device,
                 dtype=self.registry.dtype,
             )
-            self.registry.register(stitch_id, stitch, origin="job")
+            self.registry.register(
+                stitch_id, stitch, origin="job", folder=self.layout.stitch_dir(stitch_id)
+            )
         except Exception:
             if strict:
                 raise
@@ -345,6 +356,70 @@ class JobManager:
         if job.status == "cancelling" and self.runner is not None:
             self.runner.cancel(job_id)
         return job
+
+    # ---------------------------------------------------------------- stitches
+    def delete_stitch(self, stitch_id: str) -> JobRecord | None:
+        """Stop serving a stitch trained by a job and delete its folder.
+
+        The job that trained it is marked first (``result.stitch_deleted_at``): that is the
+        commit point, so a folder whose stitch was deleted is removed at start-up when the
+        server stopped half-way. The folder is renamed away (one atomic step), then removed.
+        Requests already translating with the stitch finish with it. Its id is not used
+        again by later jobs.
+
+        Returns
+        -------
+        JobRecord or None
+            The job that trained it, or None for a stitch folder no job record names.
+
+        Raises
+        ------
+        StitchNotFoundError
+            If no stitch with this id is served or saved here.
+        ConflictError
+            If the stitch is configured (bundled, a local folder, the Hub) rather than
+            trained by a job, or its job has not finished.
+        NotReadyError
+            If it is a configured stitch that is still loading.
+        """
+        with self._deleting:
+            entry, missing = None, None
+            if self.registry is not None:
+                try:
+                    entry = self.registry.get(stitch_id)
+                except StitchNotFoundError as error:
+                    missing = error  # a saved folder may still be there (it failed to load)
+            if entry is not None and entry.origin != "job":
+                raise ConflictError(
+                    f"stitch {echo(stitch_id)} is configured ({entry.origin}), not trained by "
+                    "a job, so it cannot be deleted over HTTP: remove it from LEAD_STITCHES "
+                    "(or models/) and restart the server",
+                    param="stitch_id",
+                )
+            folder = self._saved_folder(stitch_id)
+            if entry is None and folder is None:
+                raise missing or StitchNotFoundError(
+                    f"no stitch {echo(stitch_id)}", param="stitch_id"
+                )
+            job = self.store.mark_stitch_deleted(stitch_id)
+            trash = None
+            if folder is not None:
+                trash = folder.with_name(f".deleted-{folder.name}-{secrets.token_hex(4)}")
+                os.replace(folder, trash)
+            if entry is not None and self.registry is not None:
+                self.registry.remove(stitch_id)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+            logger.info("deleted stitch %s (job %s)", stitch_id, job.id if job else "none")
+            return job
+
+    def _saved_folder(self, stitch_id: str) -> Path | None:
+        """The folder of a trained stitch under the data directory, if there is one."""
+        try:
+            folder = self.layout.stitch_dir(stitch_id)
+        except ValueError:  # not a local stitch id (a Hub id, say)
+            return None
+        return folder if folder.is_dir() else None
 
     # ---------------------------------------------------------------- datasets
     async def upload_dataset(

@@ -305,6 +305,11 @@ class JobResult(BaseModel):
         default=None, description="Why the stitch is not served (null when it is)."
     )
     push: PushResult | None = None
+    stitch_deleted_at: int | None = Field(
+        default=None,
+        description="Unix seconds when the stitch was deleted (`DELETE /v1/stitches/{id}`); "
+        "null while it is served.",
+    )
 
 
 class JobOut(BaseModel):

@@ -217,13 +217,14 @@ class JobStore:
             If ``idempotency_key`` is already taken (the caller looks the job up).
         """
         with self._transaction() as conn:
-            taken = conn.execute(
-                "SELECT id FROM jobs WHERE stitch_id = ? AND status NOT IN ('failed', 'cancelled')",
-                (stitch_id,),
-            ).fetchone()
+            taken = self._producer(conn, stitch_id)
             if taken is not None:
+                deleted = (_loads(taken["result"]) or {}).get("stitch_deleted_at") is not None
                 raise ConflictError(
-                    f"stitch id {stitch_id!r} is already produced by job {taken['id']}",
+                    f"stitch id {stitch_id!r} was produced by job {taken['id']} and deleted; "
+                    "the ids of deleted stitches are not used again"
+                    if deleted
+                    else f"stitch id {stitch_id!r} is already produced by job {taken['id']}",
                     param="stitch_id",
                 )
             conn.execute(
@@ -243,6 +244,53 @@ class JobStore:
                 ),
             )
         return self.get_job(job_id)
+
+    @staticmethod
+    def _producer(conn: sqlite3.Connection, stitch_id: str) -> sqlite3.Row | None:
+        """The job (at most one) that produces or produced ``stitch_id``: not failed or
+        cancelled."""
+        row: sqlite3.Row | None = conn.execute(
+            "SELECT id, status, result FROM jobs"
+            " WHERE stitch_id = ? AND status NOT IN ('failed', 'cancelled')",
+            (stitch_id,),
+        ).fetchone()
+        return row
+
+    def mark_stitch_deleted(self, stitch_id: str) -> JobRecord | None:
+        """Record in the job that trained ``stitch_id`` that the stitch is deleted
+        (``result.stitch_deleted_at``, Unix seconds); None when no job produced it.
+
+        Raises
+        ------
+        ConflictError
+            If the job has not succeeded yet (queued, running or cancelling).
+        """
+        with self._transaction() as conn:
+            row = self._producer(conn, stitch_id)
+            if row is None:
+                return None
+            if row["status"] != "succeeded":
+                raise ConflictError(
+                    f"stitch {echo(stitch_id)} is still being trained by job {row['id']} "
+                    f"({row['status']}); cancel the job instead",
+                    param="stitch_id",
+                )
+            result = _loads(row["result"]) or {"stitch_id": stitch_id}
+            result.setdefault("stitch_deleted_at", int(time.time()))
+            conn.execute("UPDATE jobs SET result = ? WHERE id = ?", (_dumps(result), row["id"]))
+        return self.get_job(row["id"])
+
+    def deleted_stitch_ids(self) -> set[str]:
+        """Ids of the stitches that succeeded jobs trained and that were deleted since."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT stitch_id FROM jobs WHERE status = 'succeeded'"
+                " AND json_extract(result, '$.stitch_deleted_at') IS NOT NULL"
+            )
+            .fetchall()
+        )
+        return {r["stitch_id"] for r in rows}
 
     def get_job(self, job_id: str) -> JobRecord:
         """The job with this id.

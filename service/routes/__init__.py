@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, FastAPI, Security
 
 from service.auth import require_api_key
 from service.routes import align, datasets, docs, health, info, jobs, stitches, translate
+from service.schemas import error_responses
+from service.settings import Scope
 
 __all__ = ["OPEN_ROUTERS", "PROTECTED_ROUTERS", "include_routers"]
 
 #: Routers served without API keys (the documentation holds no secrets).
 OPEN_ROUTERS: tuple[APIRouter, ...] = (health.router, docs.router)
-#: Routers behind API keys (when keys are configured). Add new resources here.
-PROTECTED_ROUTERS: tuple[APIRouter, ...] = (
-    info.router,
-    stitches.router,
-    translate.router,
-    jobs.router,
-    datasets.router,
-    align.router,
-)
+#: Routers behind API keys (when keys are configured), by the scope a key needs; an
+#: ``admin`` key holds every scope. Add new resources here.
+PROTECTED_ROUTERS: dict[Scope, tuple[APIRouter, ...]] = {
+    "translate": (info.router, stitches.router, translate.router, align.router),
+    "admin": (stitches.admin_router, jobs.router, datasets.router),
+}
 
 
 def include_routers(app: FastAPI) -> None:
-    """Include every router, with API-key checks on the protected ones, and the
-    documentation pages' static files."""
+    """Include every router, with API-key and scope checks on the protected ones, and
+    the documentation pages' static files."""
     docs.mount_assets(app)
     for router in OPEN_ROUTERS:
         app.include_router(router)
-    for router in PROTECTED_ROUTERS:
-        app.include_router(router, dependencies=[Depends(require_api_key)])
+    for scope, routers in PROTECTED_ROUTERS.items():
+        for router in routers:
+            app.include_router(
+                router,
+                dependencies=[Security(require_api_key, scopes=[scope])],
+                responses=error_responses(401, 403),
+            )

@@ -1,4 +1,10 @@
-"""``GET /v1/stitches`` and ``GET /v1/stitches/{id}`` (ids may hold ``/`` and ``@``).
+"""Served stitches: ``GET /v1/stitches``, ``GET /v1/stitches/{id}``, their files
+(``GET /v1/stitch-files/{name}?stitch={id}``) and ``DELETE /v1/stitches/{id}``.
+
+Stitch ids may hold ``/`` and ``@`` (Hub ids ``org/name@revision``), so ``{id}`` is the rest
+of the path. A file is therefore addressed by its name in the path and the stitch in the
+query: no id, however it ends, can be mistaken for a file name. :data:`router` needs the
+``translate`` scope; :data:`admin_router` (deletion) the ``admin`` scope.
 
 The list shows a summary of each stitch (:func:`stitch_summary`: the fit's method, pairs and
 seed, the scorecard's core metrics); one stitch's view shows all of its fit record (data
@@ -7,21 +13,66 @@ files, held-out split with its ids) and scorecard (retrieval, baselines, round t
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from collections.abc import Iterator
+from typing import Annotated, Any, BinaryIO, Literal
 
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+
+from lead.errors import StitchNotFoundError
 from lead.scorecard import CORE_METRICS
 from lead.stitches import InvertibleStitch
 from service.deps import RegistryDep
+from service.errors import echo
+from service.jobs.deps import JobsDep
 from service.registry import StitchEntry
-from service.schemas import ModelSide, StitchList, StitchOut, StitchSummary, error_responses
+from service.schemas import (
+    ErrorEnvelope,
+    ModelSide,
+    StitchDeleted,
+    StitchList,
+    StitchOut,
+    StitchSummary,
+    error_responses,
+)
 
-__all__ = ["router", "stitch_out", "stitch_summary"]
+__all__ = ["FILE_MEDIA_TYPES", "admin_router", "router", "stitch_out", "stitch_summary"]
 
 #: Entries of the fit record and of the scorecard that the list shows.
 _FIT_SUMMARY = ("method", "pairs", "seed")
 _SCORECARD_SUMMARY = ("pairs", *CORE_METRICS)
 
 router = APIRouter(tags=["stitches"])
+admin_router = APIRouter(tags=["stitches"])
+
+ArtifactFile = Literal["model.safetensors", "config.json", "README.md"]
+#: Content-Type of each file of a stitch artifact (lead.artifacts.ARTIFACT_FILES).
+FILE_MEDIA_TYPES: dict[str, str] = {
+    "model.safetensors": "application/octet-stream",
+    "config.json": "application/json",
+    "README.md": "text/markdown; charset=utf-8",
+}
+_CHUNK = 1 << 20
+
+_FILE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The file: the tensors (safetensors), the config or the model card.",
+        "content": {
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {"schema": {"type": "object"}},
+            "text/markdown": {"schema": {"type": "string"}},
+        },
+    },
+    **error_responses(404, 422, 503),
+}
+_DELETE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **error_responses(404, 503),
+    409: {
+        "model": ErrorEnvelope,
+        "description": "The stitch is configured (bundled, a local folder, the Hub), not "
+        "trained by a job; or its job has not finished.",
+    },
+}
 
 
 def stitch_out(entry: StitchEntry) -> StitchOut:
@@ -79,3 +130,70 @@ async def list_stitches(registry: RegistryDep) -> StitchList:
 async def get_stitch(stitch_id: str, registry: RegistryDep) -> StitchOut:
     """One stitch: models and dimensions, architecture, revision, fit, scorecard."""
     return stitch_out(registry.get(stitch_id))
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    """The rest of an open file, closed at the end or when the response is dropped."""
+    with handle:
+        while chunk := handle.read(_CHUNK):
+            yield chunk
+
+
+@router.get(
+    "/v1/stitch-files/{name}",
+    response_class=StreamingResponse,
+    responses=_FILE_RESPONSES,
+    summary="Download a file of a stitch",
+)
+def get_stitch_file(
+    name: Annotated[ArtifactFile, Path(description="One of the three files of a stitch.")],
+    stitch: Annotated[
+        str,
+        Query(
+            min_length=1,
+            description="The stitch id (`minilm-to-mpnet`, `org/name@revision`).",
+        ),
+    ],
+    registry: RegistryDep,
+) -> StreamingResponse:
+    """A file of a served stitch, from the folder it was loaded from (for a Hub stitch, the
+    Hugging Face cache): ``model.safetensors``, ``config.json`` or ``README.md`` (the model
+    card). The three in one folder load with ``lead.load_stitch(folder)``;
+    ``lead stitches download`` fetches them.
+
+    The file is opened before the answer starts, so deleting the stitch meanwhile does
+    not cut a download short.
+    """
+    entry = registry.get(stitch)
+    if entry.folder is None:
+        raise StitchNotFoundError(
+            f"stitch {echo(stitch)} has no files on this server", param="stitch"
+        )
+    try:
+        handle = (entry.folder / name).open("rb")
+    except FileNotFoundError:  # deleted meanwhile, or a configured folder changed
+        raise StitchNotFoundError(
+            f"stitch {echo(stitch)} has no file {name} on this server", param="stitch"
+        ) from None
+    size = handle.seek(0, 2)
+    handle.seek(0)
+    return StreamingResponse(
+        _chunks(handle),
+        media_type=FILE_MEDIA_TYPES[name],
+        headers={
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{name}"',
+        },
+    )
+
+
+@admin_router.delete(
+    "/v1/stitches/{stitch_id:path}", response_model=StitchDeleted, responses=_DELETE_RESPONSES
+)
+def delete_stitch(stitch_id: str, jobs: JobsDep) -> StitchDeleted:
+    """Delete a stitch trained by a job: it is no longer served (requests already running
+    finish with it), its folder is removed, and its job's ``result.stitch_deleted_at`` says
+    so. Its id is not used again. Configured stitches (bundled, local folders, the Hub)
+    answer 409: remove them from ``LEAD_STITCHES`` instead."""
+    job = jobs.delete_stitch(stitch_id)
+    return StitchDeleted(id=stitch_id, job=None if job is None else job.id)

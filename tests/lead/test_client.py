@@ -28,7 +28,10 @@ from lead.errors import (
     DatasetNotFoundError,
     DecodeError,
     IdempotencyKeyReusedError,
+    InvalidInputError,
     JobNotFoundError,
+    PermissionDeniedError,
+    StitchNotFoundError,
     TooFewPairsError,
 )
 from service.app import create_app
@@ -160,11 +163,52 @@ def test_server_url_and_key_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 def test_api_keys_are_sent(tmp_path: Path) -> None:
-    settings = Settings(stitches=[], data_dir=tmp_path, device="cpu", api_keys=["k1"])
+    settings = Settings(
+        stitches=[], data_dir=tmp_path, device="cpu", api_keys=["k1", "reader:translate"]
+    )
     with TestClient(create_app(settings)) as http:
         assert LeadClient(http=http, api_key="k1").list_datasets()["data"] == []
         with pytest.raises(AuthenticationError):
             LeadClient(http=http, api_key="wrong").list_datasets()
+        reader = LeadClient(http=http, api_key="reader")
+        assert reader.list_stitches()["data"] == []
+        with pytest.raises(PermissionDeniedError) as refused:
+            reader.list_datasets()
+        assert refused.value.status_code == 403  # type: ignore[attr-defined]
+        assert refused.value.code == "insufficient_scope"  # type: ignore[attr-defined]
+        with pytest.raises(PermissionDeniedError):
+            reader.delete_stitch("anything")
+
+
+def test_download_and_delete_a_stitch(
+    lead: LeadClient, trained: dict[str, Any], tmp_path: Path, scifact_small: Any
+) -> None:
+    job = lead.submit_job(MINILM, MPNET, dataset=trained["dataset"]["id"], stitch_id="to-drop")
+    assert lead.wait_job(job["id"], poll_interval=0.05)["status"] == "succeeded"
+    assert lead.get_stitch("to-drop")["origin"] == "job"
+    folder = lead.download_stitch("to-drop", tmp_path / "nested" / "to-drop")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+    x = torch.from_numpy(scifact_small.queries["minilm"][:4])
+    with torch.inference_mode():
+        expected = lead.translate(x.numpy(), stitch="to-drop")
+        np.testing.assert_allclose(load_stitch(folder)(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidInputError):
+        lead.download_stitch("to-drop", folder)  # not an empty folder
+    with pytest.raises(StitchNotFoundError):
+        lead.download_stitch("no-such-stitch", tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+    deleted = lead.delete_stitch("to-drop")
+    assert deleted == {"object": "stitch.deleted", "id": "to-drop", "deleted": True,
+                       "job": job["id"]}  # fmt: skip
+    with pytest.raises(StitchNotFoundError):
+        lead.get_stitch("to-drop")
+    assert lead.get_job(job["id"])["result"]["stitch_deleted_at"] is not None
+    assert load_stitch(folder).d_src == 384  # the downloaded copy stays usable
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -211,6 +255,28 @@ def test_cli_datasets_jobs_align(cli: Any, pairs_file: Path) -> None:
     assert scores["pwcca_score"] is None  # 384 + 768 directions need more than 400 pairs
     status, deleted, _ = cli("datasets", "delete", dataset["id"])
     assert status == 0 and deleted["deleted"] is True
+
+
+def test_cli_stitches_download_and_delete(
+    cli: Any, lead: LeadClient, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    job = lead.submit_job(MINILM, MPNET, dataset=trained["dataset"]["id"], stitch_id="cli-drop")
+    assert lead.wait_job(job["id"], poll_interval=0.05)["status"] == "succeeded"
+    status, listed, _ = cli("stitches", "list")
+    assert status == 0 and "cli-drop" in [s["id"] for s in listed["data"]]
+    status, shown, _ = cli("stitches", "get", "cli-drop")
+    assert status == 0 and shown["source"]["dim"] == 384
+    out = tmp_path / "cli-drop"
+    status, result, err = cli("stitches", "download", "cli-drop", "--out", str(out))
+    assert status == 0, err
+    assert result == {"id": "cli-drop", "folder": str(out)}
+    assert load_stitch(out).info.target_model == MPNET
+    status, _, err = cli("stitches", "download", "cli-drop", "--out", str(out))
+    assert status == 2 and "not an empty folder" in err
+    status, deleted, _ = cli("stitches", "delete", "cli-drop")
+    assert status == 0 and deleted["deleted"] is True
+    status, _, err = cli("stitches", "get", "cli-drop")
+    assert status == 2 and "no stitch 'cli-drop'" in err
 
 
 def test_cli_submit_from_files_and_local_align(cli: Any, pairs_file: Path) -> None:

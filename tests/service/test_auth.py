@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from service_helpers import b64
+
+from service.app import create_app
+from service.settings import Settings
 
 KEYS = ["first-key-0123456789", "second-key-abcdefghij"]
 
@@ -63,3 +67,146 @@ def test_health_readiness_and_metrics_stay_open(make_client: Any) -> None:
     client = make_client(api_keys=KEYS)
     for path in ("/healthz", "/readyz", "/metrics"):
         assert client.get(path).status_code == 200, path
+
+
+@pytest.mark.parametrize(
+    ("header", "says"),
+    [
+        (None, "missing API key: send the header `Authorization: Bearer <key>`"),
+        ("Bearer ", "missing API key after `Bearer`"),
+        (KEYS[0], "does not use the Bearer scheme: use `Authorization: Bearer <key>`"),
+        (f"Basic {KEYS[0]}", "does not use the Bearer scheme"),
+        ("Token abc", "does not use the Bearer scheme"),
+    ],
+    ids=["missing", "bearer-without-key", "no-scheme", "basic-scheme", "token-scheme"],
+)
+def test_401_says_what_is_wrong_with_the_header(
+    make_client: Any, header: str | None, says: str
+) -> None:
+    client = make_client(api_keys=KEYS)
+    r = client.get("/v1/stitches", headers={"Authorization": header} if header else {})
+    assert r.status_code == 401, r.text
+    error = r.json()["error"]
+    assert says in error["message"]
+    assert error["code"] == "invalid_api_key" and error["param"] == "Authorization"
+    assert KEYS[0] not in r.text
+
+
+ADMIN_KEY = "admin-key-0123456789"
+READER_KEY = "reader-key-abcdefghij"
+SCOPED_KEYS = f"{ADMIN_KEY}, {READER_KEY}:translate"
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_translate_key_reads_and_translates_but_cannot_administer(
+    make_client: Any, queries: Any
+) -> None:
+    client = make_client(api_keys=SCOPED_KEYS)
+    reader = _bearer(READER_KEY)
+    assert _translate(client, queries, reader).status_code == 200
+    for path in (
+        "/v1/info",
+        "/v1/stitches",
+        "/v1/stitches/minilm-to-mpnet",
+        "/v1/stitch-files/config.json?stitch=minilm-to-mpnet",
+        "/openapi.json",
+    ):
+        r = client.get(path, headers=reader)
+        assert r.status_code == 200, (path, r.text)
+    pairs = b64(queries["minilm"][:8])
+    r = client.post(
+        "/v1/align", json={"source": pairs, "target": pairs, "folds": 2}, headers=reader
+    )
+    assert r.status_code == 200, r.text
+    refused = [
+        client.delete("/v1/stitches/minilm-to-mpnet", headers=reader),
+        client.delete("/v1/stitches/no-such-stitch", headers=reader),  # 403 before 404
+        client.get("/v1/jobs", headers=reader),
+        client.get("/v1/jobs/job_missing", headers=reader),
+        client.post("/v1/jobs", json={}, headers=reader),
+        client.get("/v1/datasets", headers=reader),
+        client.post("/v1/datasets", content=b"x", headers=reader),
+    ]
+    for r in refused:
+        assert r.status_code == 403, r.text
+        error = r.json()["error"]
+        assert error["type"] == "permission_error"
+        assert error["code"] == "insufficient_scope"
+        assert "'translate'" in error["message"] and "'admin'" in error["message"]
+        assert r.headers["www-authenticate"] == 'Bearer error="insufficient_scope", scope="admin"'
+        assert READER_KEY not in r.text
+    assert client.get("/v1/stitches/minilm-to-mpnet", headers=reader).status_code == 200
+
+
+def test_admin_key_and_bare_key_can_do_everything(make_client: Any, queries: Any) -> None:
+    client = make_client(api_keys=SCOPED_KEYS)
+    admin = _bearer(ADMIN_KEY)  # written without a scope: admin, as keys were before scopes
+    assert _translate(client, queries, admin).status_code == 200
+    assert client.get("/v1/jobs", headers=admin).status_code == 200
+    assert client.get("/v1/datasets", headers=admin).status_code == 200
+    r = client.delete("/v1/stitches/no-such-stitch", headers=admin)
+    assert r.status_code == 404, r.text
+    r = client.delete("/v1/stitches/minilm-to-mpnet", headers=admin)
+    assert r.status_code == 409, r.text  # configured, not trained by a job
+    assert r.json()["error"]["code"] == "conflict"
+    explicit = make_client(api_keys=[f"{ADMIN_KEY}:admin", f"{READER_KEY}:translate"])
+    assert explicit.get("/v1/jobs", headers=admin).status_code == 200
+    assert explicit.get("/v1/jobs", headers=_bearer(READER_KEY)).status_code == 403
+    assert explicit.get("/v1/jobs", headers=_bearer(f"{READER_KEY}:translate")).status_code == 401
+
+
+def test_scoped_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAD_API_KEYS", f'["{ADMIN_KEY}", "{READER_KEY}:translate", "a:b:admin"]')
+    keys = Settings().api_keys
+    assert [(k.get_secret_value(), k.scope) for k in keys] == [
+        (ADMIN_KEY, "admin"),
+        (READER_KEY, "translate"),
+        ("a:b", "admin"),  # a key containing ':' ends with its scope
+    ]
+    assert ADMIN_KEY not in repr(keys)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (f"{ADMIN_KEY}:superuser", "is not a scope (translate, admin)"),
+        (f"{ADMIN_KEY}:secretpart", "a key that contains ':' is written KEY:admin"),
+        (":translate", "an API key is empty"),
+        (f"{ADMIN_KEY},{ADMIN_KEY}:translate", "API keys 1 and 2 are the same key"),
+    ],
+    ids=["unknown-scope", "colon-in-key", "empty", "duplicate"],
+)
+def test_bad_key_entries_are_refused_at_start_without_showing_keys(value: str, says: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings(api_keys=value)
+    assert says in str(error.value)
+    assert ADMIN_KEY not in str(error.value) and "secretpart" not in str(error.value)
+
+
+def test_openapi_names_the_scope_and_documents_401_and_403() -> None:
+    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    admin = {
+        ("delete", "/v1/stitches/{stitch_id}"),
+        *((m, p) for p, item in schema["paths"].items() for m in item if p.startswith("/v1/jobs")),
+        *(
+            (m, p)
+            for p, item in schema["paths"].items()
+            for m in item
+            if p.startswith("/v1/datasets")
+        ),
+    }
+    envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if path in ("/healthz", "/readyz", "/metrics"):
+                assert "security" not in operation, path
+                continue
+            scope = "admin" if (method, path) in admin else "translate"
+            assert operation["security"] == [{"HTTPBearer": [scope]}], (method, path)
+            for status in ("401", "403"):
+                content = operation["responses"][status]["content"]["application/json"]
+                assert content["schema"] == envelope, (method, path, status)
+    assert len(admin) >= 8

@@ -95,3 +95,19 @@ def test_uncached_hub_stitch_is_reported(
         assert "cache" in failure["message"]
         r = client.post("/v1/translate", json={"stitch": REPO, "input": b64(queries["minilm"][:1])})
         assert r.status_code == 200, r.text
+
+
+def test_hub_stitch_files_download_but_the_stitch_is_not_deleted(
+    offline_cache: Path, make_client: Any, fitted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pinned = f"{REPO}@{COMMIT}"
+    with no_network(monkeypatch):
+        client = make_client([pinned])
+        for name in ("config.json", "model.safetensors", "README.md"):
+            r = client.get(f"/v1/stitch-files/{name}", params={"stitch": pinned})
+            assert r.status_code == 200, r.text
+            assert r.content == (fitted.folder("minilm-to-mpnet") / name).read_bytes()
+        r = client.delete(f"/v1/stitches/{pinned}")
+        assert r.status_code == 409, r.text  # configured (the Hub), not trained by a job
+        assert "(hub)" in r.json()["error"]["message"]
+        assert client.get(f"/v1/stitches/{pinned}").status_code == 200

@@ -92,6 +92,7 @@ def test_job_trains_scores_and_is_served_at_once(
         "served": True,  # held-out r2_score above the mean-estimator baseline
         "not_served_reason": None,
         "push": None,
+        "stitch_deleted_at": None,
     }
     assert job["allow_below_baseline"] is False
     assert job["stitch_id"].startswith("all-minilm-l6-v2-to-all-mpnet-base-v2-")

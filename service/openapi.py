@@ -37,8 +37,24 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         components[model.__name__] = model_schema
     _document_envelope_for_422(schema)
     schema["components"]["schemas"] = dict(sorted(components.items()))
+    if not app.state.settings.api_keys:
+        _without_security(schema)
     app.openapi_schema = schema
     return schema
+
+
+def _without_security(schema: dict[str, Any]) -> None:
+    """The schema of a server without API keys: no security requirement, no 401 / 403.
+
+    ``openapi.yaml`` is the schema with keys (what a deployment exposes); a server without
+    keys serves this one, so that a schema-driven client or fuzzer sees what it answers.
+    """
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            operation.pop("security", None)
+            for status in ("401", "403"):
+                operation.get("responses", {}).pop(status, None)
+    schema.get("components", {}).pop("securitySchemes", None)
 
 
 def _document_envelope_for_422(schema: dict[str, Any]) -> None:
@@ -81,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import yaml
 
-    app = create_app(Settings(device="cpu", stitches=[]))
+    # the schema of a deployment with API keys (a server without keys drops its security)
+    app = create_app(Settings(device="cpu", stitches=[], api_keys="documentation-key"))
     text = render_yaml(app.openapi())
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""

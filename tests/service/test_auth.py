@@ -187,7 +187,7 @@ def test_bad_key_entries_are_refused_at_start_without_showing_keys(value: str, s
 
 
 def test_openapi_names_the_scope_and_documents_401_and_403() -> None:
-    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    schema = create_app(Settings(stitches=[], device="cpu", api_keys=ADMIN_KEY)).openapi()
     admin = {
         ("delete", "/v1/stitches/{stitch_id}"),
         *((m, p) for p, item in schema["paths"].items() for m in item if p.startswith("/v1/jobs")),

@@ -19,14 +19,32 @@ OPENAPI_YAML = Path(__file__).resolve().parents[2] / "openapi.yaml"
 
 
 def test_openapi_yaml_is_current() -> None:
-    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    schema = create_app(Settings(stitches=[], device="cpu", api_keys="k")).openapi()
     on_disk = yaml.safe_load(OPENAPI_YAML.read_text(encoding="utf-8"))
     assert on_disk == schema, "openapi.yaml is stale: run `python -m service.openapi`"
     assert main(["--check"]) == 0
 
 
+def test_a_server_without_keys_serves_a_schema_without_security() -> None:
+    """Without API keys nothing needs a key: the served schema says so (no security
+    requirement, no 401 / 403), else a schema-driven client would send keys, and a fuzzer
+    would expect 401 for requests without one."""
+    keyed = create_app(Settings(stitches=[], device="cpu", api_keys="k")).openapi()
+    open_ = create_app(Settings(stitches=[], device="cpu")).openapi()
+    assert "securitySchemes" in keyed["components"]
+    assert "securitySchemes" not in open_["components"]
+    assert keyed["paths"].keys() == open_["paths"].keys()
+    secured = 0
+    for path, item in open_["paths"].items():
+        for method, operation in item.items():
+            assert "security" not in operation, (method, path)
+            assert not {"401", "403"} & set(operation["responses"]), (method, path)
+            secured += "security" in keyed["paths"][path][method]
+    assert secured >= 10
+
+
 def test_openapi_documents_the_api() -> None:
-    schema = create_app(Settings(stitches=[], device="cpu")).openapi()
+    schema = create_app(Settings(stitches=[], device="cpu", api_keys="k")).openapi()
     paths = schema["paths"]
     for path in (
         "/v1/translate",

@@ -40,6 +40,7 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
     "decode_error": le.DecodeError,
     "shape_mismatch": le.ShapeMismatchError,
     "non_finite_input": le.NonFiniteError,
+    "ill_conditioned_input": le.IllConditionedError,
     "unsupported_media_type": le.UnsupportedMediaTypeError,
     "stitch_format_error": le.StitchFormatError,
     "stitch_not_found": le.StitchNotFoundError,

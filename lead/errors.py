@@ -10,7 +10,8 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     LeadError
     ├── InvalidInputError (ValueError)            bad arrays or arguments
     │   ├── ShapeMismatchError                    wrong dimension or row count (expected, got)
-    │   ├── NonFiniteError                        NaN or infinity in the input
+    │   ├── NonFiniteError                        NaN or infinity in the input (or beyond float32)
+    │   ├── IllConditionedError                   column scales too far apart for float32
     │   ├── TooFewPairsError                      fewer paired rows than a method needs
     │   ├── DecodeError                           base64 or file bytes that do not decode
     │   ├── NotInvertibleError                    an inverse asked of a stitch that has none
@@ -49,6 +50,7 @@ __all__ = [
     "FitError",
     "HubError",
     "IdempotencyKeyReusedError",
+    "IllConditionedError",
     "InvalidInputError",
     "JobCancelledError",
     "JobNotFoundError",
@@ -112,6 +114,11 @@ class ShapeMismatchError(InvalidInputError):
 
 class NonFiniteError(InvalidInputError):
     """NaN or infinity in the input."""
+
+
+class IllConditionedError(InvalidInputError):
+    """Finite data that float32 fitting cannot use: column scales too far apart, or all
+    variation below the smallest float32."""
 
 
 class TooFewPairsError(InvalidInputError):

@@ -70,6 +70,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.ModelMismatchError: ErrorKind(422, _INVALID, "model_mismatch"),
     le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
     le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),
+    le.IllConditionedError: ErrorKind(422, _INVALID, "ill_conditioned_input"),
     le.TooFewPairsError: ErrorKind(422, _INVALID, "too_few_pairs"),
     le.LimitExceededError: ErrorKind(422, _INVALID, "limit_exceeded"),
     le.PayloadTooLargeError: ErrorKind(413, _INVALID, "payload_too_large"),

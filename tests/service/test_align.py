@@ -182,3 +182,27 @@ def test_data_float32_cannot_hold_is_a_422_never_a_200_with_null_scores(
     good = client.post("/v1/align", json={"source": X.tolist(), "target": Y.tolist(), "folds": 2})
     assert good.status_code == 200, good.text
     assert None not in (good.json()["ridge_r2_score"], good.json()["linear_cka_score"])
+
+
+def test_inline_pairs_over_the_body_limit_point_to_a_dataset_upload(
+    tmp_path_factory: pytest.TempPathFactory, scifact_small: Any
+) -> None:
+    small = make_jobs_client(tmp_path_factory.mktemp("small-body"), max_body_bytes=40_000)
+    try:
+        X, Y = scifact_small.corpus["minilm"][:20], scifact_small.corpus["pml3"][:20]
+        job = {"source_model": "a", "target_model": "b", "source": b64(X), "target": b64(Y)}
+        body = json.dumps(job).encode()  # ~ 80 kB
+        for path, content in (("/v1/jobs", body), ("/v1/align", body), ("/v1/jobs", iter([body]))):
+            r = small.post(path, content=content, headers={"content-type": "application/json"})
+            assert r.status_code == 413, r.text
+            message = r.json()["error"]["message"]
+            assert "the limit is 40000 bytes" in message
+            assert "POST /v1/datasets" in message and "lead datasets upload" in message
+            assert '"dataset"' in message
+        r = small.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "datasets" not in r.json()["error"]["message"]
+        good = small.post("/v1/align", json={"source": b64(X[:8]), "target": b64(Y[:8]),
+                                             "folds": 2})  # fmt: skip
+        assert good.status_code == 200, good.text
+    finally:
+        small.__exit__(None, None, None)

@@ -35,6 +35,10 @@ from lead.client import DEFAULT_SERVER_URL, LeadClient
 __all__ = ["add_remote_commands", "connect"]
 
 
+#: Longest dataset name the server keeps (``?name=``).
+_NAME_LIMIT = 200
+
+
 def connect(args: argparse.Namespace) -> LeadClient:
     """The client for ``--server`` / ``--api-key`` (tests replace this function)."""
     return LeadClient(args.server, api_key=args.api_key)
@@ -124,7 +128,14 @@ def _submit(client: LeadClient, args: argparse.Namespace) -> int:
         if not (args.source and args.target):
             return _fail("give --dataset, or --source and --target files")
         source, target = read_embeddings(args.source), read_embeddings(args.target)
-        dataset = client.upload_pairs(source, target, name=args.source_model)["id"]
+        name = f"{args.source_model} -> {args.target_model}"[:_NAME_LIMIT]
+        dataset = client.upload_pairs(
+            source,
+            target,
+            name=name,
+            source_model=args.source_model,
+            target_model=args.target_model,
+        )["id"]
     job = client.submit_job(
         args.source_model,
         args.target_model,

@@ -8,6 +8,7 @@ variance that a linear map from the source space explains on pairs it did not se
 
 from __future__ import annotations
 
+import math
 from numbers import Integral
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from lead import metrics, similarity
 from lead._validation import check_pairs
 from lead.closed_form import fit_ridge
-from lead.errors import InvalidInputError, TooFewPairsError
+from lead.errors import FitError, InvalidInputError, TooFewPairsError
 from lead.splits import kfold_indices
 
 __all__ = ["alignment_scores"]
@@ -75,7 +76,13 @@ def _check_folds(n: int, folds: int) -> None:
 
 
 def _check_varies(M: torch.Tensor, name: str, side: str) -> None:
-    """Refuse a set whose rows are (nearly) all the same: every score would be 0 / 0."""
+    """Refuse a set whose rows are (nearly) all the same: every score would be 0 / 0.
+
+    ``M`` is divided by its largest entry first, so that squares neither overflow (an
+    infinite spread compared with an infinite total would read as "does not vary") nor
+    underflow.
+    """
+    M = M / M.abs().max().clamp_min(1e-300)
     spread = float(((M - M.mean(dim=0)) ** 2).sum())
     if spread <= 1e3 * np.finfo(np.float64).eps * float((M**2).sum()):
         raise InvalidInputError(
@@ -129,8 +136,15 @@ def alignment_scores(
     Raises
     ------
     ShapeMismatchError, NonFiniteError, TooFewPairsError
-        Bad shapes, non-finite input, fewer than 4 pairs, or so few that a training fold
-        (all pairs but one fold) has fewer than 4.
+        Bad shapes, non-finite input (or values beyond the float32 range, where the ridge
+        stitches compute), fewer than 4 pairs, or so few that a training fold (all pairs
+        but one fold) has fewer than 4.
+    IllConditionedError
+        If a column of ``X`` or ``Y`` spreads millions of times wider than its median
+        column (float32 would round the others away), or a side varies only below the
+        smallest float32 (see :func:`lead.data.check_embeddings`).
+    FitError
+        If a ridge fit fails, or a score comes out NaN or infinite (never returned).
     InvalidInputError
         If ``folds``, ``seed``, ``k`` or ``max_pairs`` is not an integer (a bool is not),
         ``folds < 2``, ``seed < 0``, ``k < 2`` or ``max_pairs < 4``, or if ``X`` or ``Y``
@@ -196,10 +210,16 @@ def alignment_scores(
     k = min(k, n - 2)
     shuffle = torch.from_numpy(np.random.default_rng(seed).permutation(n)).to(B.device)
     real, shuffled = _similarity(A, B, k, shuffle)
+    scores = {**real, "ridge_r2_score": ridge_r2}
+    for key, value in (*scores.items(), *shuffled.items()):
+        if value is not None and not math.isfinite(value):  # never a NaN that reads as null
+            raise FitError(
+                f"{key} came out as {value}: the data is probably ill-conditioned; "
+                "standardise or L2-normalise X and Y first"
+            )
     return {
         "pairs": n,
-        **real,
-        "ridge_r2_score": ridge_r2,
+        **scores,
         "folds": folds,
         "k": k,
         "distinct_pairs": int(torch.unique(torch.cat([A, B], dim=1), dim=0).shape[0]),

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
 from lead.errors import (
+    ConflictError,
     InvalidInputError,
     LeadError,
     StitchFormatError,
@@ -102,6 +103,21 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _is_occupied(folder: Path) -> bool:
+    """Whether ``folder`` exists and is anything but an empty folder."""
+    if not folder.exists() and not folder.is_symlink():
+        return False
+    return not folder.is_dir() or folder.is_symlink() or any(folder.iterdir())
+
+
+def _exists(folder: Path) -> ConflictError:
+    return ConflictError(
+        f"{folder} exists already and is not empty; choose another folder, or allow "
+        "replacing it (overwrite=True; lead fit --force)",
+        param="folder",
+    )
+
+
 def _is_replaceable(folder: Path) -> bool:
     if not folder.is_dir() or folder.is_symlink():
         return False
@@ -113,7 +129,9 @@ def _is_replaceable(folder: Path) -> bool:
         return False
 
 
-def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -> Path:
+def save_stitch(
+    stitch: Stitch, folder: str | Path, *, dtype: str = "float32", overwrite: bool = True
+) -> Path:
     """Write a stitch to ``folder`` atomically.
 
     Parameters
@@ -122,12 +140,16 @@ def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -
         Any registered stitch.
     folder : str or Path
         Destination. Its parent is created. An existing ``folder`` is replaced only if it
-        is empty or holds a stitch.
+        is empty or holds a stitch (and, for a stitch, ``overwrite`` is true).
     dtype : {"float32", "float16", "bfloat16"}, default "float32"
         Storage dtype of the tensors (recorded as ``dtype`` in ``config.json``). float16
         halves the file; :func:`load_stitch` returns float32 parameters equal to the stored
         values, so round the stitch first (``stitch.half().float()``) to score exactly what
         is stored.
+
+    overwrite : bool, default True
+        Replace a stitch already in ``folder``; when false, a ``folder`` that exists and is
+        not empty (checked again at the final rename) is an error.
 
     Returns
     -------
@@ -139,6 +161,8 @@ def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -
     InvalidInputError
         If ``folder`` exists and is not an empty folder or a stitch folder, or ``dtype``
         is not a storage dtype.
+    ConflictError
+        If ``overwrite`` is false and ``folder`` exists and is not empty.
 
     Notes
     -----
@@ -147,6 +171,8 @@ def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -
     reader never sees a half-written stitch.
     """
     folder = Path(folder)
+    if not overwrite and _is_occupied(folder):
+        raise _exists(folder)
     if folder.exists() and not _is_replaceable(folder):
         raise InvalidInputError(
             f"refusing to replace {folder}: it exists and is not a stitch folder", param="folder"
@@ -172,14 +198,16 @@ def save_stitch(stitch: Stitch, folder: str | Path, *, dtype: str = "float32") -
             _fsync(tmp / name)
         tmp.chmod(0o755)
         old = None
-        if folder.exists():
+        if overwrite and folder.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
             os.replace(folder, old / folder.name)
         try:
-            os.replace(tmp, folder)
+            os.replace(tmp, folder)  # onto an empty folder at most: never a full one
         except OSError:
             if old is not None:
                 os.replace(old / folder.name, folder)
+            if not overwrite and _is_occupied(folder):  # written there meanwhile
+                raise _exists(folder) from None
             raise
         _fsync(folder.parent)
         if old is not None:

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 
 from lead._options import parse_option_items
 from lead.errors import (
+    ConflictError,
     InvalidInputError,
     LeadError,
     NonFiniteOutputError,
@@ -129,8 +131,6 @@ def _holdout_ids(
     """The ids of the held-out rows, read from a JSON list for the held-out pair."""
     if path is None:
         return None
-    from pathlib import Path
-
     try:
         ids = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -198,11 +198,28 @@ def _fit_with_progress(X: Any, Y: Any, method: str, info: Any, args: argparse.Na
         close()
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an ``--out`` folder that exists and is not empty, unless ``--force`` (before
+    any fitting; :func:`lead.artifacts.save_stitch` checks again when it renames)."""
+    out = Path(args.out)
+    if args.force or not out.exists():
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    what = "a stitch" if (out / "config.json").is_file() else "files"
+    raise ConflictError(
+        f"--out {out} exists already and holds {what}; pass --force to replace it, or "
+        "choose another folder",
+        param="out",
+    )
+
+
 def _fit(args: argparse.Namespace) -> int:
     from lead.artifacts import STORAGE_DTYPES, save_stitch
 
     if not 0 <= args.holdout < 1:
         raise InvalidInputError("--holdout must be in [0, 1)", param="holdout")
+    _check_out(args)
     xs, ys = _load_pairs(args.source, args.target)
     X, Y = np.concatenate(xs), np.concatenate(ys)
     train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
@@ -229,7 +246,7 @@ def _fit(args: argparse.Namespace) -> int:
         stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
-    save_stitch(stitch, args.out, dtype=args.save_dtype)
+    save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
     return 0
 
@@ -238,14 +255,36 @@ def _fit_unpaired(args: argparse.Namespace) -> int:
     from lead.artifacts import save_stitch
     from lead.data import read_embeddings
 
+    _check_out(args)
     X, Y = read_embeddings(args.source), read_embeddings(args.target)
     info = _info_from(args, {"data": {"source": args.source, "target": args.target}})
     stitch = _fit_with_progress(X, Y, "unsupervised", info, args)
-    save_stitch(stitch, args.out)
+    save_stitch(stitch, args.out, overwrite=args.force)
     for warning in stitch.info.fit.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(stitch.info.fit, indent=2))
     return 0
+
+
+def _check_stitch_dims(stitch: Any, args: argparse.Namespace, d_src: int, d_tgt: int) -> None:
+    """The ``--source`` / ``--target`` files must have the stitch's dimensions; an error
+    names the files, the stitch's models and a likely swap."""
+    swapped = (d_src, d_tgt) == (stitch.d_tgt, stitch.d_src)
+    sides = (
+        ("--source", args.source, d_src, stitch.d_src, stitch.info.source_model),
+        ("--target", args.target, d_tgt, stitch.d_tgt, stitch.info.target_model),
+    )
+    for flag, files, got, expected, model in sides:
+        if got != expected:
+            raise ShapeMismatchError(
+                f"the {flag} file{'s' if len(files) > 1 else ''} ({', '.join(files)}) "
+                f"{'have' if len(files) > 1 else 'has'} {got} columns but the stitch expects "
+                f"{expected} ({model})"
+                + ("; did you swap --source and --target?" if swapped else ""),
+                expected=expected,
+                got=got,
+                param=flag[2:],
+            )
 
 
 def _score_command(args: argparse.Namespace) -> int:
@@ -254,6 +293,7 @@ def _score_command(args: argparse.Namespace) -> int:
     stitch = load_stitch(args.stitch, device=args.device)
     reverse = None if args.reverse is None else load_stitch(args.reverse, device=args.device)
     xs, ys = _load_pairs(args.source, args.target)
+    _check_stitch_dims(stitch, args, xs[0].shape[1], ys[0].shape[1])
     X, Y = np.concatenate(xs), np.concatenate(ys)
     if args.all:
         mean = stitch.target_mean.detach().cpu().double().numpy()
@@ -357,6 +397,11 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and the fit")
 
 
+def _add_out_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="folder to save the stitch in (new, or empty)")
+    parser.add_argument("--force", action="store_true", help="replace a stitch already in --out")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``lead`` argument parser; each subcommand sets ``handler(args) -> int``."""
     parser = argparse.ArgumentParser(
@@ -392,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="storage dtype of the saved tensors (float16 halves the folder; the scorecard is "
         "computed on the rounded values)",
     )
-    fit.add_argument("--out", required=True, help="folder to save the stitch in")
+    _add_out_arguments(fit)
     fit.set_defaults(handler=_fit)
 
     unpaired = commands.add_parser(
@@ -416,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     unpaired.add_argument("--seed", type=int, default=0)
     _add_model_arguments(unpaired)
-    unpaired.add_argument("--out", required=True, help="folder to save the stitch in")
+    _add_out_arguments(unpaired)
     unpaired.set_defaults(handler=_fit_unpaired)
 
     score = commands.add_parser("score", help="score a stitch on paired embeddings")

@@ -47,6 +47,7 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
     "decode_error": le.DecodeError,
     "shape_mismatch": le.ShapeMismatchError,
     "non_finite_input": le.NonFiniteError,
+    "ill_conditioned_input": le.IllConditionedError,
     "unsupported_media_type": le.UnsupportedMediaTypeError,
     "stitch_format_error": le.StitchFormatError,
     "stitch_not_found": le.StitchNotFoundError,
@@ -198,13 +199,29 @@ class LeadClient:
             return dict(self._request("POST", "/v1/datasets", content=handle, **kwargs))
 
     def upload_pairs(
-        self, source: Any, target: Any, *, name: str | None = None, **extra: Any
+        self,
+        source: Any,
+        target: Any,
+        *,
+        name: str | None = None,
+        source_model: str | None = None,
+        target_model: str | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
-        """Upload arrays ``source`` (n, d_src) and ``target`` (n, d_tgt) as a dataset."""
+        """Upload arrays ``source`` (n, d_src) and ``target`` (n, d_tgt) as a dataset.
+
+        ``source_model`` / ``target_model`` are recorded in the file's metadata: the server
+        lists them with the dataset and refuses jobs that name other models. ``extra``
+        arrays (``source_queries``, ``target_queries``) are stored beside them.
+        """
         from safetensors.numpy import save
 
         tensors = {"source": source, "target": target, **extra}
-        data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+        models = {"source_model": source_model, "target_model": target_model}
+        data = save(
+            {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
+            metadata={k: v for k, v in models.items() if v is not None} or None,
+        )
         return self.upload_dataset(data, name=name)
 
     def list_datasets(self, *, limit: int = 20, after: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lead._validation import check_pairs
+from lead._validation import check_fitted, check_pairs
 from lead.errors import FitError, InvalidInputError, TooFewPairsError
 from lead.splits import holdout_split
 from lead.stitches import AffineStitch, OrthogonalStitch
@@ -134,11 +134,15 @@ def fit_ridge(
     Raises
     ------
     ShapeMismatchError, NonFiniteError, TooFewPairsError
-        For inputs that are not finite 2-D pairs, or fewer than 4 pairs.
+        For inputs that are not finite 2-D pairs (within the float32 range), or fewer
+        than 4 pairs.
+    IllConditionedError
+        If the column spreads of ``X`` or ``Y`` are too far apart for float32.
     InvalidInputError
         For a negative or non-finite ``alpha``.
     FitError
-        If the eigendecomposition fails.
+        If the eigendecomposition fails, or the float32 stitch would hold or produce NaN
+        or infinity.
 
     Notes
     -----
@@ -183,6 +187,7 @@ def fit_ridge(
         stitch.source_mean.copy_(mean_x)
         stitch.target_mean.copy_(mean_y)
     stitch.info.fit = details
+    check_fitted(stitch, X, method="ridge")
     return stitch.requires_grad_(False)
 
 
@@ -207,9 +212,13 @@ def fit_procrustes(X: Any, Y: Any, *, scaling: bool = False) -> OrthogonalStitch
     Raises
     ------
     ShapeMismatchError, NonFiniteError, TooFewPairsError
-        For inputs that are not finite 2-D pairs, or fewer than 4 pairs.
+        For inputs that are not finite 2-D pairs (within the float32 range), or fewer
+        than 4 pairs.
+    IllConditionedError
+        If the column spreads of ``X`` or ``Y`` are too far apart for float32.
     FitError
-        If the singular value decomposition fails.
+        If the singular value decomposition fails, or the float32 stitch would hold or
+        produce NaN or infinity (e.g. a ``scaling`` beyond float32).
 
     Notes
     -----
@@ -253,6 +262,7 @@ def fit_procrustes(X: Any, Y: Any, *, scaling: bool = False) -> OrthogonalStitch
         stitch.scale.copy_(scale)
         stitch.source_mean.copy_(mean_x)
         stitch.target_mean.copy_(mean_y)
+    check_fitted(stitch, X, method="procrustes")
     return stitch.requires_grad_(False)
 
 

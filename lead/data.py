@@ -3,9 +3,12 @@
 A file is named by a *spec*: ``path.safetensors:tensor`` (or just ``path.safetensors`` when
 it holds one tensor), or ``path.npy``. Reading goes through ``safe_open(...).get_slice`` or
 ``np.load(mmap_mode="r")``, so only the rows asked for are read; every batch is checked to
-be finite. :class:`EmbeddingWriter` writes ``.npy`` or ``.safetensors`` row batches straight
-to disk (into a temporary file that is renamed at the end), so an export of any size needs
-memory for one batch only.
+be finite and within the float32 range (a float64 file with 1e200 is an error, never an
+infinity). :func:`check_embeddings` checks a whole array the way fitting does (finite,
+within float32, column spreads not too far apart); the service runs it on uploads.
+:class:`EmbeddingWriter` writes ``.npy`` or ``.safetensors`` row batches straight to disk
+(into a temporary file that is renamed at the end), so an export of any size needs memory
+for one batch only.
 """
 
 from __future__ import annotations
@@ -23,9 +26,16 @@ import torch
 from numpy.lib.format import open_memmap
 from safetensors import SafetensorError, safe_open
 
+from lead._validation import check_column_spread, check_float32_range
 from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
 
-__all__ = ["EmbeddingReader", "EmbeddingWriter", "parse_spec", "read_embeddings"]
+__all__ = [
+    "EmbeddingReader",
+    "EmbeddingWriter",
+    "check_embeddings",
+    "parse_spec",
+    "read_embeddings",
+]
 
 SUFFIXES = (".safetensors", ".npy")
 
@@ -134,24 +144,24 @@ class EmbeddingReader:
         Raises
         ------
         NonFiniteError
-            If a row holds NaN or infinity (its absolute row index is named).
+            If a row holds NaN or infinity, or a value beyond the float32 range (its
+            absolute row index is named).
         """
         stop = self.shape[0] if stop is None else min(stop, self.shape[0])
         start = max(0, min(start, stop))
         if self.tensor is None:
-            rows = np.array(self._npy()[start:stop], dtype=np.float32)
+            raw: np.ndarray | torch.Tensor = self._npy()[start:stop]
         else:
             try:
                 with safe_open(str(self.path), framework="pt") as f:
-                    part = f.get_slice(self.tensor)[start:stop]
+                    raw = f.get_slice(self.tensor)[start:stop]
             except (SafetensorError, OSError) as error:
                 raise DecodeError(f"cannot read {self.path}: {error}", param=self.spec) from None
-            rows = part.to(torch.float32).numpy()
-        finite = np.isfinite(rows)
-        if not finite.all():
-            bad = start + int(np.flatnonzero(~finite.all(axis=1))[0])
-            raise NonFiniteError(f"{self.spec} holds NaN or infinity in row {bad}", param=self.spec)
-        return rows
+        _check_finite(raw, name=self.spec, first_row=start)
+        check_float32_range(raw, name=self.spec, first_row=start)  # before the cast: no inf
+        if isinstance(raw, torch.Tensor):
+            return raw.to(torch.float32).numpy()
+        return np.array(raw, dtype=np.float32)
 
     def iter_batches(self, batch_size: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(start, rows)`` for consecutive batches of at most ``batch_size`` rows."""
@@ -159,6 +169,61 @@ class EmbeddingReader:
             raise InvalidInputError("batch_size must be at least 1", param="batch_size")
         for start in range(0, self.shape[0], batch_size):
             yield start, self.read(start, start + batch_size)
+
+
+def _check_finite(x: np.ndarray | torch.Tensor, *, name: str, first_row: int = 0) -> None:
+    """Refuse NaN and infinity in ``(n, d)`` ``x``, naming the first row that holds one."""
+    if isinstance(x, torch.Tensor):
+        bad_rows = (~torch.isfinite(x)).any(dim=1).nonzero().flatten().numpy()
+    else:
+        bad_rows = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad_rows):
+        raise NonFiniteError(
+            f"{name} holds NaN or infinity in row {first_row + int(bad_rows[0])}", param=name
+        )
+
+
+def check_embeddings(array: np.ndarray | torch.Tensor, *, name: str) -> None:
+    """Check an embedding matrix the way fitting will: finite, float32-sized, not ill-conditioned.
+
+    Parameters
+    ----------
+    array : ndarray or Tensor of shape (n, d)
+        float16, float32 or float64 values (never copied whole).
+    name : str
+        The array's name in messages and the errors' ``param``.
+
+    Raises
+    ------
+    NonFiniteError
+        If it holds NaN or infinity, or a value beyond the float32 range (±3.4e38),
+        naming the first row (and column) concerned.
+    IllConditionedError
+        If its widest column spreads more than :data:`lead._validation.MAX_SPREAD_RATIO`
+        (about 8.4e6) times wider than the median column, or no column varies by the
+        smallest float32: in float32 the data would be rounded away. Constant columns and
+        columns narrower than the median (dead dimensions) are fine.
+
+    Examples
+    --------
+    >>> check_embeddings(np.eye(4, dtype=np.float32), name="source")
+    >>> check_embeddings(np.array([[1.0, 0.0], [1e200, 1.0]]), name="source")
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    lead.errors.NonFiniteError: source holds 1e+200 in row 1, column 0: ...
+    """
+    _check_finite(array, name=name)
+    check_float32_range(array, name=name)
+    tensor = array if isinstance(array, torch.Tensor) else _as_tensor(array)
+    check_column_spread(tensor, name=name)
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory (a copy only when torch cannot share it)."""
+    if not array.flags.writeable or array.dtype.byteorder not in "=|":
+        array = np.array(array, dtype=array.dtype.newbyteorder("="))
+    return torch.from_numpy(array)
 
 
 def read_embeddings(spec: str | Path, rows: np.ndarray | None = None) -> np.ndarray:

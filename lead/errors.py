@@ -10,9 +10,10 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     LeadError
     ├── InvalidInputError (ValueError)            bad arrays or arguments
     │   ├── ShapeMismatchError                    wrong dimension or row count (expected, got)
-    │   ├── NonFiniteError                        NaN or infinity in the input
+    │   ├── NonFiniteError                        NaN or infinity in the input (or beyond float32)
     │   ├── ZeroVectorError                       an all-zero vector where a unit-length one
     │   │                                         is needed (row)
+    │   ├── IllConditionedError                   column scales too far apart for float32
     │   ├── TooFewPairsError                      fewer paired rows than a method needs
     │   ├── DecodeError                           base64 or file bytes that do not decode
     │   ├── NotInvertibleError                    an inverse asked of a stitch that has none
@@ -52,6 +53,7 @@ __all__ = [
     "FitError",
     "HubError",
     "IdempotencyKeyReusedError",
+    "IllConditionedError",
     "InvalidInputError",
     "JobCancelledError",
     "JobNotFoundError",
@@ -132,6 +134,11 @@ class ZeroVectorError(InvalidInputError):
     def __init__(self, message: str, *, row: int, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.row = row
+
+
+class IllConditionedError(InvalidInputError):
+    """Finite data that float32 fitting cannot use: column scales too far apart, or all
+    variation below the smallest float32."""
 
 
 class TooFewPairsError(InvalidInputError):

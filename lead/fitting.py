@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from lead._validation import as_matrix, check_pairs
+from lead._validation import (
+    as_matrix,
+    check_column_spread,
+    check_fitted,
+    check_float32_range,
+    check_pairs,
+)
 from lead.anchors import check_anchor_options, fit_anchors
 from lead.closed_form import (
     DEFAULT_RIDGE_ALPHAS,
@@ -201,13 +207,21 @@ def fit_stitch(
     ------
     InvalidInputError
         For an unknown method or option, or a bad option value.
-    ShapeMismatchError, NonFiniteError, TooFewPairsError, FitError
-        As raised by the method.
+    ShapeMismatchError, NonFiniteError, TooFewPairsError
+        As raised by the method; values beyond the float32 range are a NonFiniteError.
+    IllConditionedError
+        If the column spreads of ``X`` or ``Y`` are too far apart for float32.
+    FitError
+        As raised by the method, and whenever the fitted stitch holds NaN or infinity or
+        produces them on ``X``.
     """
     canonical = check_method_options(method, options)  # names and values, before any work
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if canonical == "unsupervised":
         X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")
+        for M, name in ((X, "X"), (Y, "Y")):
+            check_float32_range(M, name=name)
+            check_column_spread(M, name=name)
         # the row order of Y must carry no information: shuffle it
         order = torch.randperm(Y.shape[0], generator=torch.Generator().manual_seed(seed))
         Y = Y[order.to(Y.device)]
@@ -265,4 +279,6 @@ def fit_stitch(
     }
     stitch.info = info
     stitch.normalize_output = bool(normalize_output)
-    return stitch.requires_grad_(False).eval()
+    stitch.requires_grad_(False).eval()
+    check_fitted(stitch, X, method=canonical)  # never NaN weights or outputs
+    return stitch

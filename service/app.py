@@ -49,6 +49,16 @@ requirement.
 """
 
 
+def _upload_hint(settings: Settings) -> str:
+    """What to do when inline pairs are over the body limit: upload them as a dataset."""
+    return (
+        "inline vectors this large belong in a dataset: upload the pairs first with POST "
+        f"/v1/datasets (`lead datasets upload FILE`; up to {settings.max_dataset_bytes} bytes "
+        f'and {settings.max_dataset_rows} pairs) and send its id as "dataset" (the body '
+        "limit is LEAD_MAX_BODY_BYTES)"
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service.
 
@@ -117,6 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
         body_timeout_s=settings.body_timeout_seconds,
+        path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
     )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

@@ -72,6 +72,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
     le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),
     le.ZeroVectorError: ErrorKind(422, _INVALID, "zero_vector"),
+    le.IllConditionedError: ErrorKind(422, _INVALID, "ill_conditioned_input"),
     le.TooFewPairsError: ErrorKind(422, _INVALID, "too_few_pairs"),
     le.LimitExceededError: ErrorKind(422, _INVALID, "limit_exceeded"),
     le.PayloadTooLargeError: ErrorKind(413, _INVALID, "payload_too_large"),

@@ -44,9 +44,10 @@ from service.errors import lead_error_response
 __all__ = ["BodyLimitMiddleware", "ConcurrencyLimiter"]
 
 
-def _too_large(limit: int, got: int) -> PayloadTooLargeError:
+def _too_large(limit: int, got: int, hint: str | None = None) -> PayloadTooLargeError:
     return PayloadTooLargeError(
-        f"request body is {got} bytes or more; the limit is {limit} bytes",
+        f"request body is {got} bytes or more; the limit is {limit} bytes"
+        + (f"; {hint}" if hint else ""),
         limit=limit,
         got=got,
         param="body",
@@ -88,8 +89,8 @@ def _content_coding(scope: Scope) -> str | None:
     return codings[0]
 
 
-def _decompress(body: bytes, coding: str, limit: int) -> bytes:
-    """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413)."""
+def _decompress(body: bytes, coding: str, limit: int, hint: str | None = None) -> bytes:
+    """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413 with ``hint``)."""
     decoder = zlib.decompressobj(_CODINGS[coding])
     try:
         out = decoder.decompress(body, limit + 1)
@@ -98,7 +99,7 @@ def _decompress(body: bytes, coding: str, limit: int) -> bytes:
             f"the body is not valid {coding} data: {error}", param="Content-Encoding"
         ) from None
     if len(out) > limit or decoder.unconsumed_tail:
-        raise _too_large(limit, len(out))
+        raise _too_large(limit, len(out), hint)
     if not decoder.eof:
         raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
     return out
@@ -128,6 +129,8 @@ class BodyLimitMiddleware:
     ``path_limits`` maps exact paths to their own limit (dataset uploads are larger than
     translate requests); on those paths ``body_timeout_s`` limits the wait for each piece of
     the body, elsewhere the time for the whole body (``math.inf``: no limit).
+    ``path_hints`` maps exact paths to a sentence added to their 413 message (what to do
+    instead: inline pairs too large for a job can be uploaded as a dataset).
     """
 
     def __init__(
@@ -136,11 +139,13 @@ class BodyLimitMiddleware:
         max_body_bytes: int,
         path_limits: dict[str, int] | None = None,
         body_timeout_s: float = math.inf,
+        path_hints: dict[str, str] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.path_limits = dict(path_limits or {})
         self.body_timeout_s = body_timeout_s
+        self.path_hints = dict(path_hints or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -161,18 +166,19 @@ class BodyLimitMiddleware:
         except UnsupportedMediaTypeError as exc:
             await lead_error_response(exc, scope)(scope, receive, send)
             return
+        hint = self.path_hints.get(path)
         if declared is not None and declared > limit:
-            response = lead_error_response(_too_large(limit, declared), scope)
+            response = lead_error_response(_too_large(limit, declared, hint), scope)
             await response(scope, receive, send)
             return
         if per_piece:
             await self.app(scope, self._streaming_receive(receive, limit), send)
             return
         try:
-            messages = await self._read_body(receive, limit)
+            messages = await self._read_body(receive, limit, hint)
             if coding is not None and messages[0]["type"] == "http.request":
                 body = await anyio.to_thread.run_sync(
-                    _decompress, messages[0]["body"], coding, limit
+                    _decompress, messages[0]["body"], coding, limit, hint
                 )
                 messages = [{"type": "http.request", "body": body, "more_body": False}]
                 scope = _without_coding(scope, len(body))
@@ -185,7 +191,9 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _read_body(self, receive: Receive, limit: int) -> list[Message]:
+    async def _read_body(
+        self, receive: Receive, limit: int, hint: str | None = None
+    ) -> list[Message]:
         """The whole body as one ``http.request`` message (or the client's disconnect),
         read within ``body_timeout_s`` and at most ``limit`` bytes."""
         chunks: list[bytes] = []
@@ -199,7 +207,7 @@ class BodyLimitMiddleware:
                     chunk = message.get("body", b"")
                     received += len(chunk)
                     if received > limit:
-                        raise _too_large(limit, received)
+                        raise _too_large(limit, received, hint)
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break

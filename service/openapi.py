@@ -89,7 +89,7 @@ def render_yaml(schema: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from service.app import create_app
-    from service.settings import Settings
+    from service.settings import ApiKey, Settings
 
     parser = argparse.ArgumentParser(prog="python -m service.openapi", description=__doc__)
     parser.add_argument("--output", type=Path, default=OPENAPI_PATH)
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     # the schema of a deployment with API keys (a server without keys drops its security)
-    app = create_app(Settings(device="cpu", stitches=[], api_keys="documentation-key"))
+    keys = [ApiKey.model_validate("documentation-key")]
+    app = create_app(Settings(device="cpu", stitches=[], api_keys=keys))
     text = render_yaml(app.openapi())
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""

@@ -9,9 +9,10 @@ A dataset is one ``.safetensors`` file (parsed with ``safetensors``, never pickl
   ids, the rows of ``source`` / ``target``) and ``qrels`` (JSON ``{query_id: {corpus_id:
   grade}}``), which add retrieval figures to a job's scorecard.
 
-Tensors are float32, float16 or float64, two-dimensional and finite; there are at least 4
-pairs. Files are written to a temporary name in the same folder, fsynced and renamed, so a
-dataset is either completely there or absent.
+Tensors are float32, float16 or float64, two-dimensional, finite and checked as fitting
+checks them (:func:`lead.data.check_embeddings`: within the float32 range, column spreads
+not too far apart); there are at least 4 pairs. Files are written to a temporary name in
+the same folder, fsynced and renamed, so a dataset is either completely there or absent.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save
 
+from lead.data import check_embeddings
 from lead.errors import (
     DecodeError,
     InvalidInputError,
     LimitExceededError,
-    NonFiniteError,
     PayloadTooLargeError,
     ShapeMismatchError,
     TooFewPairsError,
@@ -156,7 +157,11 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
     ShapeMismatchError
         Tensors that are not 2-D, row counts or dimensions that disagree.
     NonFiniteError
-        NaN or infinity in any tensor.
+        NaN or infinity in any tensor, or a value beyond the float32 range (±3.4e38) in
+        which stitches compute (HTTP 422).
+    IllConditionedError
+        A tensor whose widest column spreads millions of times wider than its median
+        column, so that float32 fitting would round the others away (HTTP 422).
     TooFewPairsError, LimitExceededError
         Fewer than 4 or more than ``max_rows`` pairs; query tensors with 0 rows, or whose
         queries have no document judged relevant among the corpus rows (HTTP 422).
@@ -216,9 +221,8 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
         m = _check_queries(shapes, d_src, d_tgt)
         if m is not None:
             _check_retrieval_meta(meta, n, m)
-        for name in sorted(names):
-            if not np.isfinite(f.get_tensor(name)).all():
-                raise NonFiniteError(f"tensor {name!r} holds NaN or infinity", param=name)
+        for name in sorted(names):  # as fitting will: finite, float32-sized, well-conditioned
+            check_embeddings(f.get_tensor(name), name=name)
     info: dict[str, Any] = {
         "pairs": n,
         "source_dim": d_src,

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from lead.data import check_embeddings
 from lead.errors import (
     ConflictError,
     DecodeError,
@@ -234,6 +235,8 @@ class JobManager:
             Unknown ``dataset``.
         DecodeError, ShapeMismatchError, NonFiniteError, LimitExceededError, TooFewPairsError
             Bad inline vectors, or too few pairs for the hold-out split.
+        IllConditionedError
+            Inline vectors whose column spreads are too far apart for float32.
         ConflictError
             If ``stitch_id`` is served, saved or produced by another job.
         ModelMismatchError
@@ -340,6 +343,8 @@ class JobManager:
                 got=target.shape[0],
                 param="target",
             )
+        for name, vectors in (("source", source), ("target", target)):
+            check_embeddings(vectors, name=name)  # ill-conditioned: 422 now, not a failed job
         return source, target
 
     def cancel_job(self, job_id: str) -> JobRecord:

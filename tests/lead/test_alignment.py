@@ -11,7 +11,13 @@ import pytest
 import lead.alignment as la
 from lead import metrics
 from lead.alignment import alignment_scores
-from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError, TooFewPairsError
+from lead.errors import (
+    IllConditionedError,
+    InvalidInputError,
+    NonFiniteError,
+    ShapeMismatchError,
+    TooFewPairsError,
+)
 
 KEYS = [
     "pairs",
@@ -106,6 +112,29 @@ def test_errors() -> None:
         alignment_scores(X, X, folds=1)
     with pytest.raises(InvalidInputError):
         alignment_scores(X, X, max_pairs=3)
+
+
+def test_one_huge_cell_is_named_not_mistaken_for_a_set_that_does_not_vary() -> None:
+    X, Y = (
+        np.random.default_rng(8).normal(size=(40, 4)),
+        np.random.default_rng(9).normal(size=(40, 3)),
+    )
+    X[3, 2] = 1e200  # its square overflowed float64: "the source vectors do not vary"
+    with pytest.raises(NonFiniteError, match=r"X holds 1e\+200 in row 3, column 2") as info:
+        alignment_scores(X, Y)
+    assert "do not vary" not in info.value.message
+
+
+def test_data_beyond_float32_or_ill_conditioned_is_refused_not_scored_nan() -> None:
+    X, Y = (
+        np.random.default_rng(10).normal(size=(60, 6)),
+        np.random.default_rng(11).normal(size=(60, 4)),
+    )
+    with pytest.raises(NonFiniteError, match="beyond the float32 range"):
+        alignment_scores(X * np.logspace(-150, 150, 6), Y)  # ridge R² used to be NaN
+    with pytest.raises(IllConditionedError, match="ill-conditioned") as info:
+        alignment_scores(X, Y * np.logspace(-19, 19, 4))
+    assert info.value.param == "Y"
 
 
 @pytest.mark.parametrize("name", ["folds", "seed", "k", "max_pairs"])

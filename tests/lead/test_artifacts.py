@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 import lead.artifacts
 from lead.artifacts import ARTIFACT_FILES, load_stitch, push_stitch, read_stitch_config, save_stitch
 from lead.errors import (
+    ConflictError,
     HubError,
     InvalidInputError,
     StitchFormatError,
@@ -156,6 +157,39 @@ def test_a_failed_save_keeps_the_previous_stitch(
     with pytest.raises(OSError, match="disk full"):
         save_stitch(_fitted("procrustes"), folder)
     assert (folder / "model.safetensors").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["stitch"]
+
+
+def test_save_without_overwrite_keeps_an_existing_stitch(tmp_path: Path) -> None:
+    folder = save_stitch(_fitted("ridge"), tmp_path / "stitch")
+    before = {name: (folder / name).read_bytes() for name in ARTIFACT_FILES}
+    with pytest.raises(ConflictError, match="exists already") as info:
+        save_stitch(_fitted("procrustes"), folder, overwrite=False)
+    assert info.value.param == "folder"
+    assert {name: (folder / name).read_bytes() for name in ARTIFACT_FILES} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["stitch"]
+    (tmp_path / "empty").mkdir()  # an empty folder is no stitch to lose
+    save_stitch(_fitted("procrustes"), tmp_path / "empty", overwrite=False)
+    assert load_stitch(tmp_path / "empty").architecture == "orthogonal"
+
+
+def test_save_without_overwrite_checks_again_when_it_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "stitch"
+    card = lead.artifacts.model_card
+    other = _fitted("ridge")
+
+    def meanwhile(config: dict[str, Any], name: str) -> str:  # another writer gets there first
+        monkeypatch.setattr(lead.artifacts, "model_card", card)
+        save_stitch(other, folder)
+        return card(config, name)
+
+    monkeypatch.setattr(lead.artifacts, "model_card", meanwhile)
+    with pytest.raises(ConflictError):
+        save_stitch(_fitted("procrustes"), folder, overwrite=False)
+    monkeypatch.undo()
+    assert load_stitch(folder).architecture == "affine"  # the other writer's stitch stays
     assert [p.name for p in tmp_path.iterdir()] == ["stitch"]
 
 

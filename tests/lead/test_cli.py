@@ -240,6 +240,48 @@ def test_translate_and_score_errors_exit_2(
     assert "no stitch" in capsys.readouterr().err
 
 
+def test_score_names_the_files_the_stitch_does_not_fit(
+    fitted: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    swapped = ["score", str(out), "--source", f"{DATA}:mpnet_corpus",
+               "--target", f"{DATA}:minilm_corpus"]  # fmt: skip
+    assert main(swapped) == 2
+    err = capsys.readouterr().err
+    assert f"the --source file ({DATA}:mpnet_corpus) has 768 columns" in err
+    assert f"the stitch expects 384 ({MINILM}); did you swap --source and --target?" in err
+    assert "X has" not in err and "d_src" not in err  # no internal names
+    wrong_target = ["score", str(out), "--source", f"{DATA}:minilm_corpus",
+                    "--target", f"{DATA}:pml3_corpus"]  # fmt: skip
+    assert main(wrong_target) == 2
+    err = capsys.readouterr().err
+    assert f"the --target file ({DATA}:pml3_corpus) has 384 columns" in err
+    assert f"expects 768 ({MPNET})" in err and "swap" not in err
+
+
+def test_fit_refuses_to_replace_a_stitch_unless_forced(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "stitch"
+    assert main(_fit_args(out, "--method", "procrustes")) == 0
+    capsys.readouterr()
+    before = (out / "model.safetensors").read_bytes()
+    assert main(_fit_args(out, "--method", "ridge")) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} exists already and holds a stitch; pass --force" in err
+    assert (out / "model.safetensors").read_bytes() == before  # untouched
+    assert main(_fit_args(out, "--method", "ridge", "--force")) == 0
+    assert load_stitch(out).architecture == "affine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stitch"]  # no temporary folders
+    unpaired = ["fit-unpaired", "--source", f"{DATA}:minilm_corpus", "--target",
+                f"{DATA}:mpnet_corpus", "--source-model", "a", "--target-model", "b",
+                "--out", str(out)]  # fmt: skip
+    assert main(unpaired) == 2
+    assert "pass --force" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()  # an empty folder is fine without --force
+    assert main(_fit_args(tmp_path / "empty", "--method", "procrustes")) == 0
+
+
 def test_usage_errors_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert main(["fit"]) == 2  # missing required arguments

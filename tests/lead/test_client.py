@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,41 @@ def test_cli_submit_allow_below_baseline(cli: Any, tmp_path: Path) -> None:
     assert status == 0, err
     assert job["allow_below_baseline"] is True and job["result"]["served"] is True
     assert "not served" not in err
+
+
+def test_cli_submit_from_files_records_both_models_on_the_dataset(
+    cli: Any, lead: LeadClient, pairs_file: Path
+) -> None:
+    status, job, err = cli(
+        "jobs", "submit", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
+        "--source-model", MINILM, "--target-model", "mpnet-records", "--method", "procrustes",
+    )  # fmt: skip
+    assert status == 0, err
+    dataset = lead.get_dataset(job["dataset"])
+    assert (dataset["source_model"], dataset["target_model"]) == (MINILM, "mpnet-records")
+    assert dataset["name"] == f"{MINILM} -> mpnet-records"
+    with pytest.raises(InvalidInputError, match="recorded with 'mpnet-records'"):
+        lead.submit_job(MINILM, MPNET, dataset=job["dataset"])  # the models must match
+
+
+def _closed_port() -> int:
+    """A local TCP port with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_without_a_server_names_the_url_and_the_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"  # a real connection attempt, refused
+    monkeypatch.delenv("LEAD_SERVER_URL", raising=False)
+    assert main(["jobs", "list", "--server", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot reach the LEAD server at {url} (--server)")
+    monkeypatch.setenv("LEAD_SERVER_URL", url)
+    assert main(["jobs", "list"]) == 2
+    assert f"at {url} (LEAD_SERVER_URL)" in capsys.readouterr().err
 
 
 def test_cli_unreachable_server(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

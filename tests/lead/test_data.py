@@ -10,8 +10,21 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from lead.data import EmbeddingReader, EmbeddingWriter, parse_spec, read_embeddings
-from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
+import lead.data
+from lead.data import (
+    EmbeddingReader,
+    EmbeddingWriter,
+    check_embeddings,
+    parse_spec,
+    read_embeddings,
+)
+from lead.errors import (
+    DecodeError,
+    IllConditionedError,
+    InvalidInputError,
+    NonFiniteError,
+    ShapeMismatchError,
+)
 
 
 @pytest.fixture
@@ -76,6 +89,53 @@ def test_non_finite_rows_are_named(tmp_path: Path) -> None:
     reader.read(0, 17)  # the rows before are fine
     with pytest.raises(NonFiniteError, match="row 17"):
         list(reader.iter_batches(8))
+
+
+@pytest.mark.parametrize("suffix", ["npy", "safetensors"])
+def test_float64_values_beyond_float32_are_named_not_cast_to_infinity(
+    tmp_path: Path, suffix: str
+) -> None:
+    a = np.zeros((30, 4))
+    a[17, 2] = -1e200
+    path = tmp_path / f"big.{suffix}"
+    np.save(path, a) if suffix == "npy" else save_file({"x": a}, path)
+    reader = EmbeddingReader(path)
+    reader.read(0, 17)
+    with pytest.raises(NonFiniteError, match=r"-1e\+200 in row 17, column 2: beyond the float32"):
+        list(reader.iter_batches(8))
+
+
+def test_check_embeddings_checks_like_fitting() -> None:
+    good = np.random.default_rng(0).normal(size=(20, 5)).astype(np.float32)
+    check_embeddings(good, name="source")
+    check_embeddings(torch.from_numpy(good), name="source")
+    nan = good.copy()
+    nan[6, 1] = np.nan
+    with pytest.raises(NonFiniteError, match="source holds NaN or infinity in row 6"):
+        check_embeddings(nan, name="source")
+    big = good.astype(np.float64)
+    big[2, 3] = 1e200
+    with pytest.raises(NonFiniteError, match="row 2, column 3"):
+        check_embeddings(big, name="source")
+    wide = good * np.logspace(-10, 10, 5, dtype=np.float32)
+    wide.setflags(write=False)  # read-only arrays are checked without a warning
+    with pytest.raises(IllConditionedError) as info:
+        check_embeddings(wide, name="target")
+    assert info.value.param == "target" and "standardise" in info.value.message
+
+
+def test_doctests() -> None:
+    import doctest
+
+    assert doctest.testmod(lead.data).failed == 0
+
+
+def test_every_real_embedding_passes_check_embeddings(shared_data: Path) -> None:
+    files = sorted(shared_data.glob("*/embeddings/*.safetensors"))
+    assert files
+    for path in files:
+        for name, array in load_file(path).items():
+            check_embeddings(array, name=f"{path.parent.parent.name}/{path.name}:{name}")
 
 
 def test_reader_errors(tmp_path: Path, arrays: dict) -> None:

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from lead.errors import (
+    FitError,
+    IllConditionedError,
     InvalidInputError,
     JobCancelledError,
     NonFiniteError,
@@ -217,6 +219,39 @@ def test_fit_stitch_input_errors() -> None:
         fit_stitch(good[:3], good[:3])
     with pytest.raises(ShapeMismatchError):
         fit_stitch(good, good[:9])
+
+
+METHODS = ["ridge", "procrustes", "mlp", "invertible", "anchors", "unsupervised"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_refuses_data_beyond_float32(method: str) -> None:
+    X, Y = _rng(40).normal(size=(60, 6)), _rng(41).normal(size=(60, 6))
+    scaled = X * np.logspace(-150, 150, 6)  # Procrustes used to return NaN outputs
+    with pytest.raises(NonFiniteError, match="beyond the float32 range") as info:
+        fit_stitch(scaled, Y, method)
+    assert info.value.param == "X"
+    one_cell = Y.copy()
+    one_cell[5, 3] = 1e200
+    with pytest.raises(NonFiniteError, match="row 5, column 3"):
+        fit_stitch(X, one_cell, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_refuses_ill_conditioned_data(method: str) -> None:
+    X, Y = _rng(42).normal(size=(60, 6)), _rng(43).normal(size=(60, 6))
+    with pytest.raises(IllConditionedError, match="standardise"):
+        fit_stitch(X * np.logspace(-19, 19, 6), Y, method)  # fits float32, 38 orders apart
+
+
+def test_a_fit_float32_cannot_hold_is_an_error_not_nan() -> None:
+    X, Y = 1e-30 * _rng(44).normal(size=(40, 4)), 1e30 * _rng(45).normal(size=(40, 4))
+    # each side is well-conditioned, but the per-dimension scale would be ~1e60
+    with pytest.raises(FitError, match="NaN or infinity in its scale"):
+        fit_procrustes(X, Y, scaling=True)
+    with pytest.raises(FitError, match="ill-conditioned"):
+        fit_stitch(X, Y, "procrustes", scaling=True)
+    assert torch.isfinite(fit_procrustes(X, Y).weight).all()  # a rotation alone is fine
 
 
 def test_fit_stitch_reports_progress_and_propagates_cancellation() -> None:

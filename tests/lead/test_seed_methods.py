@@ -237,13 +237,16 @@ def test_cli_translate_inverse_round_trips_through_files(
 
 
 def test_a_fit_that_meets_non_finite_values_is_a_fit_error(scifact_small: Any) -> None:
-    from lead.errors import FitError
+    from lead.errors import FitError, IllConditionedError
 
     X, Y = scifact_small.corpus["minilm"][:60], scifact_small.corpus["pml3"][:60]
+    with pytest.raises(IllConditionedError, match="varies too little for float32"):
+        fit_stitch(X * 1e-40, Y, "invertible", max_epochs=1, hidden_dim=8)  # subnormal float32
+    tiny = X * 1e-36  # the smallest scale the input checks let through
     try:
-        stitch = fit_stitch(X * 1e-40, Y, "invertible", max_epochs=1, hidden_dim=8)
+        stitch = fit_stitch(tiny, Y, "invertible", max_epochs=1, hidden_dim=8)
     except FitError as error:  # never NonFiniteError blaming finite inputs
         assert "non-finite" in str(error) or "failed" in str(error)
     else:
         with torch.no_grad():
-            assert bool(torch.isfinite(stitch(torch.from_numpy(X * 1e-40))).all())
+            assert bool(torch.isfinite(stitch(torch.from_numpy(tiny))).all())

@@ -81,6 +81,13 @@ def test_align_a_dataset_beyond_the_cap_uses_a_seeded_subset(
         assert r.json()[key] > worse[key], key
 
 
+def _wide(rows: np.ndarray) -> list[list[float]]:
+    """The rows with column 7 a billion times wider than the others (still within float32)."""
+    wide = np.array(rows, dtype=np.float64)
+    wide[:, 7] *= 1e9
+    return list(wide.tolist())
+
+
 def _nan(rows: np.ndarray) -> list[list[float]]:
     out = rows.tolist()
     out[1][2] = float("nan")
@@ -101,6 +108,8 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("NaN", lambda X, Y: {"source": _nan(X), "target": Y.tolist()}, 422, "non_finite_input"),
     ("bad base64", lambda X, Y: {"source": X.tolist(), "target": ["@@"] * len(Y)}, 400,
      "decode_error"),
+    ("ill-conditioned source", lambda X, Y: {"source": _wide(X), "target": Y.tolist()}, 422,
+     "ill_conditioned_input"),
     ("over the inline cap", lambda X, Y: {"source": np.tile(X, (6, 1)).tolist(),
                                           "target": np.tile(Y, (6, 1)).tolist()}, 422,
      "limit_exceeded"),
@@ -125,6 +134,7 @@ PARAMS = {
     "all-zero source": ("source", ["source vectors do not vary"]),
     "one target row repeated": ("target", ["target vectors do not vary"]),
     "NaN seed": ("seed", ["seed"]),
+    "ill-conditioned source": ("source", ["ill-conditioned: column 7", "standardise"]),
     "a boolean among floats": ("source[0]", ["bool"]),
 }
 
@@ -226,3 +236,48 @@ def test_a_running_align_holds_its_slot_and_leaves_translate_free(
     assert second.headers["retry-after"] == "3"
     assert third.status_code == 200, third.text
     assert app.state.align_limiter.in_flight == 0
+
+
+def test_data_float32_cannot_hold_is_a_422_never_a_200_with_null_scores(
+    client: TestClient, scifact_small: Any
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:60], scifact_small.corpus["pml3"][:60]
+    scaled = X.astype(np.float64) * np.logspace(-150, 150, X.shape[1])  # ridge R² was NaN
+    r = client.post("/v1/datasets", content=dataset_bytes(scaled, Y),
+                    headers={"content-type": "application/octet-stream"})  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "non_finite_input"
+    assert "beyond the float32 range" in r.json()["error"]["message"]
+    wide = np.array(Y, dtype=np.float64)
+    wide[:, 3] *= 1e12
+    r = client.post("/v1/align", json={"source": X.tolist(), "target": wide.tolist(), "folds": 2})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "ill_conditioned_input"
+    assert r.json()["error"]["param"] == "target"
+    good = client.post("/v1/align", json={"source": X.tolist(), "target": Y.tolist(), "folds": 2})
+    assert good.status_code == 200, good.text
+    assert None not in (good.json()["ridge_r2_score"], good.json()["linear_cka_score"])
+
+
+def test_inline_pairs_over_the_body_limit_point_to_a_dataset_upload(
+    tmp_path_factory: pytest.TempPathFactory, scifact_small: Any
+) -> None:
+    small = make_jobs_client(tmp_path_factory.mktemp("small-body"), max_body_bytes=40_000)
+    try:
+        X, Y = scifact_small.corpus["minilm"][:20], scifact_small.corpus["pml3"][:20]
+        job = {"source_model": "a", "target_model": "b", "source": b64(X), "target": b64(Y)}
+        body = json.dumps(job).encode()  # ~ 80 kB
+        for path, content in (("/v1/jobs", body), ("/v1/align", body), ("/v1/jobs", iter([body]))):
+            r = small.post(path, content=content, headers={"content-type": "application/json"})
+            assert r.status_code == 413, r.text
+            message = r.json()["error"]["message"]
+            assert "the limit is 40000 bytes" in message
+            assert "POST /v1/datasets" in message and "lead datasets upload" in message
+            assert '"dataset"' in message
+        r = small.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "datasets" not in r.json()["error"]["message"]
+        good = small.post("/v1/align", json={"source": b64(X[:8]), "target": b64(Y[:8]),
+                                             "folds": 2})  # fmt: skip
+        assert good.status_code == 200, good.text
+    finally:
+        small.__exit__(None, None, None)

@@ -125,13 +125,21 @@ def _nan(a: np.ndarray, value: float = np.nan) -> np.ndarray:
     return a
 
 
-def _retrieval(X: np.ndarray, Y: np.ndarray, **meta: str) -> bytes:
+def _scaled(a: np.ndarray, orders: int) -> np.ndarray:
+    """``a`` in float64 with its columns scaled from 1e-orders to 1e+orders."""
+    return a.astype(np.float64) * np.logspace(-orders, orders, a.shape[1])
+
+
+def _retrieval(
+    X: np.ndarray, Y: np.ndarray, target_queries: np.ndarray | None = None, **meta: str
+) -> bytes:
     m = 3
     metadata = {"query_ids": json.dumps(["q0", "q1", "q2"]),
                 "corpus_ids": json.dumps([f"d{i}" for i in range(len(X))]),
                 "qrels": json.dumps({"q0": {"d1": 1}})}  # fmt: skip
     metadata.update(meta)
-    return dataset_bytes(X, Y, metadata, source_queries=X[:m], target_queries=Y[:m])
+    queries = Y[:m] if target_queries is None else target_queries
+    return dataset_bytes(X, Y, metadata, source_queries=X[:m], target_queries=queries)
 
 
 BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
@@ -153,6 +161,14 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("3 pairs", lambda X, Y: dataset_bytes(X[:3], Y[:3]), OCTET, 422, "too_few_pairs"),
     ("NaN", lambda X, Y: dataset_bytes(_nan(X), Y), OCTET, 422, "non_finite_input"),
     ("infinity", lambda X, Y: dataset_bytes(X, _nan(Y, np.inf)), OCTET, 422, "non_finite_input"),
+    ("float64 beyond float32", lambda X, Y: dataset_bytes(_nan(X.astype(np.float64), 1e200), Y),
+     OCTET, 422, "non_finite_input"),
+    ("columns 1e-150 to 1e150", lambda X, Y: dataset_bytes(_scaled(X, 150), Y), OCTET, 422,
+     "non_finite_input"),
+    ("ill-conditioned columns", lambda X, Y: dataset_bytes(X, _scaled(Y, 19)), OCTET, 422,
+     "ill_conditioned_input"),
+    ("ill-conditioned queries", lambda X, Y: _retrieval(X, Y, target_queries=_scaled(Y[:3], 19)),
+     OCTET, 422, "ill_conditioned_input"),
     ("too many rows", lambda X, Y: dataset_bytes(np.tile(X, (21, 1)), np.tile(Y, (21, 1))),
      OCTET, 422, "limit_exceeded"),
     ("queries without ids", lambda X, Y: dataset_bytes(X, Y, target_queries=Y[:3]), OCTET, 400,
@@ -198,6 +214,27 @@ def test_bad_upload_then_a_good_one(
     assert error["message"]
     assert sorted(p.name for p in (data_dir / "datasets").iterdir()) == before  # nothing left
     assert upload(client, dataset_bytes(*pairs))["pairs"] == 50
+
+
+def test_values_float32_cannot_hold_are_named_at_upload(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, Y = pairs
+    r = client.post("/v1/datasets", content=dataset_bytes(X, _nan(Y.astype(np.float64), -1e39)),
+                    headers=OCTET)  # fmt: skip
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "target"
+    assert "-1e+39 in row 2, column 3: beyond the float32 range" in error["message"]
+    r = client.post("/v1/datasets", content=dataset_bytes(_scaled(X, 19), Y), headers=OCTET)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "source" and "ill-conditioned" in error["message"]
+    assert "standardise the columns" in error["message"]
+    # constant and dead columns are legitimate (GloVe's unused dimensions, MiniLM's tiny one)
+    flat = X.astype(np.float64)
+    flat[:, 0], flat[:, 1] = 0.0, 1e-33 * np.arange(len(X))
+    assert upload(client, dataset_bytes(flat, Y))["dtype"] == "float32/float64"
 
 
 def test_too_large_uploads_then_a_good_one(

@@ -333,6 +333,8 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
      "non_finite_input"),
     ("bad base64", lambda sf: {**tiny_body(sf), "target": ["not base64!"] * 16}, 400,
      "decode_error"),
+    ("ill-conditioned target", lambda sf: {**tiny_body(sf), "target": _wide_floats(sf)}, 422,
+     "ill_conditioned_input"),
     ("empty source", lambda sf: {**tiny_body(sf), "source": []}, 400, "decode_error"),
     ("over the inline limit", lambda sf: tiny_body(sf, n=INLINE_LIMIT + 1), 422, "limit_exceeded"),
     ("bad stitch id", lambda sf: tiny_body(sf, stitch_id="../escape"), 422, "validation_error"),
@@ -367,6 +369,13 @@ def _ragged(sf: Any) -> list[list[float]]:
     rows = sf.corpus["minilm"][:16].tolist()
     rows[5] = rows[5][:100]
     return list(rows)
+
+
+def _wide_floats(sf: Any) -> list[list[float]]:
+    """16 pml3 vectors with one column a billion times wider than the rest (fits float32)."""
+    rows = np.array(sf.corpus["pml3"][:16], dtype=np.float64)
+    rows[:, 5] *= 1e9
+    return list(rows.tolist())
 
 
 def _nan_floats(sf: Any) -> list[list[float]]:

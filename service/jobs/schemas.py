@@ -59,15 +59,20 @@ _HUB_REPO = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
 
 
 def job_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """:func:`service.schemas.error_responses` plus 409 (conflict)."""
-    plain = [s for s in statuses if s != 409]
-    out = error_responses(*plain)
+    """:func:`service.schemas.error_responses` with the meanings of 409 and 503 on the
+    jobs, datasets and align routes; 503 is always listed (jobs may be off)."""
+    out = error_responses(*(s for s in statuses if s not in (409, 503)))
     if 409 in statuses:
         out[409] = {
             "model": ErrorEnvelope,
             "description": "Conflict: the job has finished, the stitch id is taken, or the "
             "dataset is still used by a job.",
         }
+    out[503] = {
+        "model": ErrorEnvelope,
+        "description": "Jobs, datasets and alignment are off on this replica "
+        "(LEAD_ENABLE_JOBS=false), or the job runner has not started yet.",
+    }
     return out
 
 

@@ -153,3 +153,36 @@ def test_info_says_when_jobs_are_off(make_client: Any) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["jobs"]["enabled"] is False
     assert client.post("/v1/align", json={"dataset": "ds_x"}).status_code == 503
+
+
+def test_every_jobs_route_of_a_replica_without_jobs_is_a_documented_503(
+    make_client: Any,
+) -> None:
+    """A translation-only replica answers 503 on every jobs, datasets and align route, and
+    the schema lists 503 for each (a schema-driven client or fuzzer expects it)."""
+    client = make_client(enable_jobs=False)
+    schema = client.get("/openapi.json").json()
+    calls = {
+        ("post", "/v1/jobs"): {"json": {"source_model": "a", "target_model": "b", "dataset": "d"}},
+        ("get", "/v1/jobs"): {},
+        ("get", "/v1/jobs/{job_id}"): {},
+        ("post", "/v1/jobs/{job_id}/cancel"): {},
+        ("post", "/v1/datasets"): {"content": b"x", "headers": {"content-type": "text/plain"}},
+        ("get", "/v1/datasets"): {},
+        ("get", "/v1/datasets/{dataset_id}"): {},
+        ("delete", "/v1/datasets/{dataset_id}"): {},
+        ("post", "/v1/align"): {"json": {"dataset": "d"}},
+    }
+    documented = {
+        (method, path)
+        for path, item in schema["paths"].items()
+        for method in item
+        if path.startswith(("/v1/jobs", "/v1/datasets", "/v1/align"))
+    }
+    assert documented == set(calls)
+    for (method, path), kwargs in calls.items():
+        url = path.replace("{job_id}", "job_x").replace("{dataset_id}", "ds_x")
+        r = client.request(method.upper(), url, **kwargs)
+        assert r.status_code == 503, (method, path, r.text)
+        assert r.json()["error"]["code"] == "not_ready", (method, path)
+        assert "503" in schema["paths"][path][method]["responses"], (method, path)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -38,3 +41,38 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         patch.setattr(socket.socket, "connect", refuse)
         patch.setattr(socket.socket, "connect_ex", refuse)
         yield
+
+
+def hold_one_request(
+    app: Any,
+    path: str,
+    body: dict[str, Any],
+    *,
+    limiter: Any,
+    release: threading.Event,
+    while_held: Callable[[httpx.AsyncClient], Awaitable[None]] | None = None,
+) -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+    """Three POSTs of ``body`` to ``path`` on a live ``app``: the first is held in its
+    slot of ``limiter`` (the test's patched handler waits for ``release``), the second is
+    sent while it is held, then ``while_held(client)`` runs, ``release`` is set, and the
+    third is sent once the first has answered (so it does not race the first's release).
+    """
+
+    async def main() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                first = asyncio.create_task(http.post(path, json=body))
+                for _ in range(500):
+                    if limiter().in_flight == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                second = await http.post(path, json=body)
+                if while_held is not None:
+                    await while_held(http)
+                release.set()
+                first_response = await first
+                third = await http.post(path, json=body)
+                return first_response, second, third
+
+    return asyncio.run(main())

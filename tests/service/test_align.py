@@ -3,7 +3,6 @@ bad request (each followed by a good one)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from jobs_helpers import dataset_bytes, make_jobs_client, upload
-from service_helpers import b64
+from service_helpers import b64, hold_one_request
 
 from lead.alignment import alignment_scores
 from service.app import create_app
@@ -212,25 +211,19 @@ def test_a_running_align_holds_its_slot_and_leaves_translate_free(
     X, Y = scifact_small.corpus["minilm"][:12], scifact_small.corpus["mpnet"][:12]
     body = {"source": X.tolist(), "target": Y.tolist(), "folds": 2}
 
-    async def main() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-                first = asyncio.create_task(http.post("/v1/align", json=body))
-                for _ in range(500):
-                    if app.state.align_limiter.in_flight == 1:
-                        break
-                    await asyncio.sleep(0.01)
-                second = await http.post("/v1/align", json=body)
-                # translate has its own limiter: it is not refused as overloaded (404: no stitch)
-                translate = await http.post("/v1/translate", json={"stitch": "x", "input": [[1.0]]})
-                assert translate.status_code == 404, translate.text
-                release.set()
-                first_response = await first
-                third = await http.post("/v1/align", json=body)
-                return first_response, second, third
+    async def translate_while_held(http: httpx.AsyncClient) -> None:
+        # translate has its own limiter: it is not refused as overloaded (404: no stitch)
+        translate = await http.post("/v1/translate", json={"stitch": "x", "input": [[1.0]]})
+        assert translate.status_code == 404, translate.text
 
-    first, second, third = asyncio.run(main())
+    first, second, third = hold_one_request(
+        app,
+        "/v1/align",
+        body,
+        limiter=lambda: app.state.align_limiter,
+        release=release,
+        while_held=translate_while_held,
+    )
     assert first.status_code == 200, first.text
     assert second.status_code == 429, second.text
     assert second.headers["retry-after"] == "3"

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from service_helpers import b64
+from service_helpers import b64, hold_one_request
 
 from service.app import create_app
 from service.routing import Route
@@ -39,26 +39,18 @@ def test_over_the_concurrency_limit_is_429(
     monkeypatch.setattr(Route, "translate", slow_translate)
     body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:2])}
 
-    async def main() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-                first = asyncio.create_task(http.post("/v1/translate", json=body))
-                for _ in range(500):
-                    if app.state.limiter.in_flight == 1:
-                        break
-                    await asyncio.sleep(0.01)
-                second = await http.post("/v1/translate", json=body)
-                health = await http.get("/healthz")  # the event loop is not blocked
-                assert health.status_code == 200
-                release.set()
-                # The slot is freed when the first request finishes: wait for it, so the
-                # third request does not race the first one's release.
-                first_response = await first
-                third = await http.post("/v1/translate", json=body)
-                return first_response, second, third
+    async def health_while_held(http: httpx.AsyncClient) -> None:
+        health = await http.get("/healthz")  # the event loop is not blocked
+        assert health.status_code == 200
 
-    first, second, third = asyncio.run(main())
+    first, second, third = hold_one_request(
+        app,
+        "/v1/translate",
+        body,
+        limiter=lambda: app.state.limiter,
+        release=release,
+        while_held=health_while_held,
+    )
     assert first.status_code == 200, first.text
     assert second.status_code == 429, second.text
     assert second.headers["retry-after"] == "2"

@@ -26,6 +26,7 @@ from service.observability import Metrics, RequestContextMiddleware, configure_l
 from service.openapi import build_openapi
 from service.registry import StitchRegistry
 from service.routes import include_routers
+from service.routes.translate import OPENAPI_MODELS
 from service.settings import Settings
 
 __all__ = ["create_app"]
@@ -130,5 +131,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
     )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
-    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: build_openapi(app, OPENAPI_MODELS)  # type: ignore[method-assign]
     return app

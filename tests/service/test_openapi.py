@@ -12,7 +12,7 @@ import yaml
 
 from service.app import create_app
 from service.jobs.schemas import AlignRequest, JobCreate
-from service.openapi import main
+from service.openapi.cli import main
 from service.settings import Settings
 
 OPENAPI_YAML = Path(__file__).resolve().parents[2] / "openapi.yaml"

@@ -1,29 +1,33 @@
-"""The OpenAPI schema, and ``python -m service.openapi`` to regenerate ``openapi.yaml``.
+"""The service's OpenAPI schema: FastAPI's, plus the models that routes reference but do
+not declare, with the error envelope documented for 422.
 
-``python -m service.openapi`` writes the file; ``--check`` exits 1 when it is stale.
+``python -m service.openapi`` (:mod:`service.openapi.cli`) regenerates ``openapi.yaml``;
+``--check`` exits 1 when it is stale. This module imports nothing of the app: the app
+factory installs :func:`build_openapi`, and the command builds an app.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
-__all__ = ["OPENAPI_PATH", "build_openapi", "main"]
+from service.schemas import ErrorEnvelope
 
-OPENAPI_PATH = Path(__file__).resolve().parents[1] / "openapi.yaml"
+__all__ = ["OPENAPI_PATH", "build_openapi"]
+
+OPENAPI_PATH = Path(__file__).resolve().parents[2] / "openapi.yaml"
 
 
-def build_openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the models that routes reference but do not declare."""
+def build_openapi(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) -> dict[str, Any]:
+    """FastAPI's schema of ``app`` plus ``extra_models`` (models that routes reference,
+    e.g. in ``openapi_extra``, but do not declare), computed once per app."""
     if app.openapi_schema:
         return app.openapi_schema
-    from service.routes.translate import OPENAPI_MODELS
-
     schema = get_openapi(
         title=app.title,
         version=app.version,
@@ -31,7 +35,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         routes=app.routes,
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in OPENAPI_MODELS:
+    for model in extra_models:
         model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(model_schema.pop("$defs", {}))
         components[model.__name__] = model_schema
@@ -59,8 +63,6 @@ def _without_security(schema: dict[str, Any]) -> None:
 
 def _document_envelope_for_422(schema: dict[str, Any]) -> None:
     """FastAPI documents 422 as ``HTTPValidationError``; the service answers the envelope."""
-    from service.schemas import ErrorEnvelope
-
     components = schema["components"]["schemas"]
     envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
     default_ref = {"$ref": "#/components/schemas/HTTPValidationError"}
@@ -78,39 +80,3 @@ def _document_envelope_for_422(schema: dict[str, Any]) -> None:
         components["ErrorEnvelope"] = model_schema
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
-
-
-def render_yaml(schema: dict[str, Any]) -> str:
-    import yaml  # only needed to write the file (tests and this command)
-
-    text: str = yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
-    return text
-
-
-def main(argv: list[str] | None = None) -> int:
-    from service.app import create_app
-    from service.settings import ApiKey, Settings
-
-    parser = argparse.ArgumentParser(prog="python -m service.openapi", description=__doc__)
-    parser.add_argument("--output", type=Path, default=OPENAPI_PATH)
-    parser.add_argument("--check", action="store_true", help="fail if the file is stale")
-    args = parser.parse_args(argv)
-    import yaml
-
-    # the schema of a deployment with API keys (a server without keys drops its security)
-    keys = [ApiKey.model_validate("documentation-key")]
-    app = create_app(Settings(device="cpu", stitches=[], api_keys=keys))
-    text = render_yaml(app.openapi())
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if yaml.safe_load(current) != yaml.safe_load(text):
-            sys.stderr.write(f"{args.output} is stale; run python -m service.openapi\n")
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    sys.stderr.write(f"wrote {args.output}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""``python -m service.openapi``: see :mod:`service.openapi.cli`."""
+
+from service.openapi.cli import main
+
+raise SystemExit(main())

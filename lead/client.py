@@ -60,6 +60,8 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
     "idempotency_key_reused": le.IdempotencyKeyReusedError,
     "conflict": le.ConflictError,
     "hub_error": le.HubError,
+    "feature_disabled": le.FeatureDisabledError,
+    "model_mismatch": le.ModelMismatchError,
 }
 _BY_STATUS: dict[int, type[le.LeadError]] = {
     400: le.InvalidInputError,

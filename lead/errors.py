@@ -37,6 +37,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     │   └── IdempotencyKeyReusedError             Idempotency-Key reused with another body
     ├── OverloadedError (RuntimeError)            too many concurrent requests (retry_after)
     ├── NotReadyError (RuntimeError)              stitches not loaded yet (retry_after)
+    ├── FeatureDisabledError (RuntimeError)       a feature this server is configured without
     ├── JobCancelledError (RuntimeError)          raised inside a training run to stop it
     └── HubError (RuntimeError)                   Hugging Face Hub download / upload failed
 """
@@ -50,6 +51,7 @@ __all__ = [
     "ConflictError",
     "DatasetNotFoundError",
     "DecodeError",
+    "FeatureDisabledError",
     "FitError",
     "HubError",
     "IdempotencyKeyReusedError",
@@ -257,6 +259,11 @@ class NotReadyError(LeadError, RuntimeError):
     def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class FeatureDisabledError(LeadError, RuntimeError):
+    """A feature this server is configured not to run (e.g. training jobs on a
+    translation-only replica, ``LEAD_ENABLE_JOBS=false``): retrying will not help."""
 
 
 class JobCancelledError(LeadError, RuntimeError):

@@ -91,6 +91,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.IdempotencyKeyReusedError: ErrorKind(422, _INVALID, "idempotency_key_reused"),
     le.OverloadedError: ErrorKind(429, "rate_limit_error", "overloaded"),
     le.NotReadyError: ErrorKind(503, "service_unavailable_error", "not_ready"),
+    le.FeatureDisabledError: ErrorKind(503, "service_unavailable_error", "feature_disabled"),
     le.JobCancelledError: ErrorKind(409, _INVALID, "job_cancelled"),
     le.HubError: ErrorKind(502, "server_error", "hub_error"),
 }

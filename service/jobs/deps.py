@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from lead.errors import NotReadyError
+from lead.errors import FeatureDisabledError, NotReadyError
 from service.jobs.manager import JobManager
 
 __all__ = ["JobsDep", "get_jobs"]
@@ -18,7 +18,10 @@ async def get_jobs(request: Request) -> JobManager:
     if jobs is None:
         settings = getattr(request.app.state, "settings", None)
         if settings is not None and not settings.enable_jobs:
-            raise NotReadyError("training jobs are disabled on this server (LEAD_ENABLE_JOBS)")
+            raise FeatureDisabledError(
+                "training jobs, datasets and alignment are off on this server "
+                "(LEAD_ENABLE_JOBS=false): send these requests to a replica that runs jobs"
+            )
         raise NotReadyError("the job runner is starting")
     return jobs
 

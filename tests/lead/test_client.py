@@ -31,6 +31,7 @@ from lead.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
     JobNotFoundError,
+    ModelMismatchError,
     PermissionDeniedError,
     StitchNotFoundError,
     TooFewPairsError,
@@ -331,7 +332,7 @@ def test_cli_submit_from_files_records_both_models_on_the_dataset(
     dataset = lead.get_dataset(job["dataset"])
     assert (dataset["source_model"], dataset["target_model"]) == (MINILM, "mpnet-records")
     assert dataset["name"] == f"{MINILM} -> mpnet-records"
-    with pytest.raises(InvalidInputError, match="recorded with 'mpnet-records'"):
+    with pytest.raises(ModelMismatchError, match="recorded with 'mpnet-records'"):
         lead.submit_job(MINILM, MPNET, dataset=job["dataset"])  # the models must match
 
 

@@ -184,5 +184,7 @@ def test_every_jobs_route_of_a_replica_without_jobs_is_a_documented_503(
         url = path.replace("{job_id}", "job_x").replace("{dataset_id}", "ds_x")
         r = client.request(method.upper(), url, **kwargs)
         assert r.status_code == 503, (method, path, r.text)
-        assert r.json()["error"]["code"] == "not_ready", (method, path)
+        assert r.json()["error"]["code"] == "feature_disabled", (method, path)
+        assert "LEAD_ENABLE_JOBS=false" in r.json()["error"]["message"]
+        assert "retry-after" not in r.headers  # retrying will not help
         assert "503" in schema["paths"][path][method]["responses"], (method, path)

@@ -31,6 +31,7 @@ import httpx
 
 from lead._options import parse_option_items
 from lead.client import DEFAULT_SERVER_URL, LeadClient
+from lead.errors import AuthenticationError
 
 __all__ = ["add_remote_commands", "connect"]
 
@@ -68,6 +69,10 @@ def _remote(handler: Any) -> Any:
             else:
                 where = f"{DEFAULT_SERVER_URL} (the default: set --server or LEAD_SERVER_URL)"
             return _fail(f"cannot reach the LEAD server at {where}: {error}")
+        except AuthenticationError as error:
+            if args.api_key or os.environ.get("LEAD_API_KEY"):
+                raise
+            return _fail(f"{error} (the CLI sends the key from --api-key or LEAD_API_KEY)")
 
     return run
 

@@ -248,7 +248,22 @@ def _fit(args: argparse.Namespace) -> int:
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
     save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
+    _warn_below_baseline(stitch.info.scorecard)
     return 0
+
+
+def _warn_below_baseline(scorecard: dict[str, Any] | None) -> None:
+    """Say so on stderr when the held-out R² is at or below the mean-estimator baseline
+    (a job would keep such a stitch but not serve it)."""
+    r2 = (scorecard or {}).get("r2_score")
+    if r2 is None or r2 > 0:
+        return
+    sys.stderr.write(
+        f"warning: held-out r2_score {r2:.3f} is at or below the mean-estimator baseline (0): "
+        "the stitch predicts the target no better than the training mean. Check that row i "
+        "of --source and --target embed the same text (same ids, same order); a job would "
+        "keep this stitch but not serve it.\n"
+    )
 
 
 def _fit_unpaired(args: argparse.Namespace) -> int:
@@ -315,6 +330,12 @@ def _translate(args: argparse.Namespace) -> int:
     from lead.stitches import oriented
     from lead.unit_input import expects_unit_input, normalize_input
 
+    if Path(args.output).exists() and not args.force:
+        raise ConflictError(
+            f"--output {args.output} exists already; pass --force to replace it, or choose "
+            "another file",
+            param="output",
+        )
     stitch = load_stitch(args.stitch, device=args.device)
     run, d_in, d_out = oriented(stitch, inverse=args.inverse, name=str(args.stitch))
     models = (stitch.info.source_model, stitch.info.target_model)
@@ -481,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
     translate.add_argument("--input", required=True, metavar="FILE[:TENSOR]")
     translate.add_argument("--output", required=True, metavar="FILE", help=".npy or .safetensors")
+    translate.add_argument(
+        "--force", action="store_true", help="replace an --output file that exists already"
+    )
     translate.add_argument("--batch-size", type=int, default=4096)
     translate.add_argument(
         "--inverse",

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from lead.artifacts import load_stitch
 from lead.cli import main
@@ -177,6 +177,10 @@ def test_translate_streams_the_whole_file(
     with torch.no_grad():
         expected = load_stitch(out)(torch.from_numpy(source)).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-6)
+    # an existing --output is kept unless --force, as lead fit keeps an existing --out
+    assert main(args) == 2
+    assert f"--output {target} exists already; pass --force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -335,3 +339,23 @@ def test_fit_mlp_progress_bar_ends_full_when_training_stops_early(
     assert epochs < 60  # early stopping ended training
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("train: 100%") and f" {epochs}/{epochs} " in last, last
+
+
+def test_fit_warns_when_the_stitch_is_below_the_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Misaligned rows (target rows in another order) give a stitch no better than the
+    training mean: lead fit still saves it, and says so on stderr."""
+    data = load_file(DATA)
+    order = np.random.default_rng(0).permutation(len(data["mpnet_corpus"]))
+    pairs = tmp_path / "misaligned.safetensors"
+    save_file({"source": data["minilm_corpus"], "target": data["mpnet_corpus"][order]}, str(pairs))
+    args = _fit_args(tmp_path / "bad", "--method", "ridge")
+    args[2], args[4] = f"{pairs}:source", f"{pairs}:target"
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["r2_score"] <= 0
+    assert "is at or below the mean-estimator baseline" in captured.err
+    assert "same ids, same order" in captured.err
+    assert main(_fit_args(tmp_path / "good", "--method", "ridge")) == 0
+    assert "baseline" not in capsys.readouterr().err

@@ -182,6 +182,25 @@ def test_api_keys_are_sent(tmp_path: Path) -> None:
             reader.delete_stitch("anything")
 
 
+def test_cli_without_a_key_says_where_the_key_comes_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(stitches=[], data_dir=tmp_path, device="cpu", api_keys=["k1"])
+    monkeypatch.delenv("LEAD_API_KEY", raising=False)
+    with TestClient(create_app(settings)) as http:
+        monkeypatch.setattr(
+            _remote_cli, "connect", lambda args: LeadClient(http=http, api_key=args.api_key)
+        )
+        assert main(["jobs", "list"]) == 2
+        err = capsys.readouterr().err
+        assert "missing API key" in err and "--api-key or LEAD_API_KEY" in err
+        assert main(["jobs", "list", "--api-key", "k1"]) == 0
+        capsys.readouterr()
+        assert main(["jobs", "list", "--api-key", "wrong"]) == 2  # a key was given: no hint
+        err = capsys.readouterr().err
+        assert "invalid API key" in err and "LEAD_API_KEY" not in err
+
+
 def test_download_and_delete_a_stitch(
     lead: LeadClient, trained: dict[str, Any], tmp_path: Path, scifact_small: Any
 ) -> None:

@@ -93,8 +93,10 @@ def check_finite(array: np.ndarray, *, what: str, param: str | None = None) -> N
     if np.isfinite(array).all():
         return
     row = int(np.flatnonzero(~np.isfinite(array).all(axis=1))[0])
+    column = int(np.flatnonzero(~np.isfinite(array[row]))[0])
     raise NonFiniteError(
-        f"{what}[{row}] contains NaN or infinity (after conversion to float32)",
+        f"{what}[{row}] holds NaN, infinity or a value beyond float32's range (±3.4e38) in "
+        f"column {column}; every value must be a finite float32",
         param=f"{param}[{row}]" if param else None,
     )
 

@@ -61,7 +61,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
     ("NaN token", _raw_with("NaN"), 422, "non_finite_input", ["input[1]", "NaN"]),
     ("Infinity token", _raw_with("-Infinity"), 422, "non_finite_input", ["input[1]"]),
     ("1e999 overflow", _raw_with("1e999"), 422, "non_finite_input", ["input[1]"]),
-    ("float32 overflow", _raw_with("1e300"), 422, "non_finite_input", ["input[1]"]),
+    (
+        "float32 overflow",
+        _raw_with("1e300"),
+        422,
+        "non_finite_input",
+        ["input[1]", "beyond float32's range", "column 5"],
+    ),
     (
         "NaN in base64",
         {"json": {"stitch": STITCH, "input": _b64_nan()}},

@@ -3,11 +3,18 @@
 # Usage: bash scripts/setup.sh [EXTRAS]   e.g. "service" (default) or "test"
 # torch==2.13.0 is installed first so that pip does not pull a multi-GB CUDA build;
 # pyproject.toml accepts any torch 2.x, so a machine may bring its own build.
+# A venv that already holds this pyproject.toml's install (same extras) is reused as is:
+# no pip call, so a restart needs no package registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${1:-service}
 VENV=${LEAD_VENV:-.venv}
 PY=${PYTHON:-python3}
+STAMP="$VENV/.lead-installed-${EXTRAS//[^a-z,]/_}"
+WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  exit 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
@@ -16,3 +23,4 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 fi
 "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+echo "$WANT" > "$STAMP"

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 import lead
 from service.errors import install_error_handlers
 from service.jobs.manager import JobManager
-from service.limits import BodyLimitMiddleware, ConcurrencyLimiter
+from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
 from service.loader import configured_refs, load_stitches, resolve_device
 from service.observability import Metrics, RequestContextMiddleware, configure_logging
 from service.openapi import build_openapi
@@ -129,6 +129,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
         body_timeout_s=settings.body_timeout_seconds,
         path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
+        path_vectors={
+            "/v1/translate": VectorLimit(settings.max_vectors, "input", "in one request"),
+            "/v1/align": VectorLimit(
+                2 * settings.max_align_pairs, "source", "in source and target together"
+            ),
+            "/v1/jobs": VectorLimit(
+                2 * settings.max_inline_pairs, "source", "in source and target together"
+            ),
+        },
     )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: build_openapi(app, OPENAPI_MODELS)  # type: ignore[method-assign]

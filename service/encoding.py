@@ -177,37 +177,6 @@ def check_vector_count(n: int, max_vectors: int) -> None:
         )
 
 
-#: Brackets / quotes a translate body may hold besides one per vector: the outer arrays,
-#: and the keys and string values of the other fields (a handful; generous).
-_SPARE_TOKENS = 64
-
-
-def refuse_too_many_vectors(body: bytes, max_vectors: int) -> None:
-    """Refuse, before parsing, a body that cannot hold ``max_vectors`` vectors or fewer.
-
-    Every float vector opens a ``[`` and every base64 vector is a string (two ``"``), and
-    base64 never holds either character; so a body with more brackets, or more quotes,
-    than ``max_vectors`` vectors and the other fields can account for holds too many
-    vectors, whatever its layout. Counting is a C scan (milliseconds for 60 MB), while
-    parsing 20 million empty vectors would take seconds and gigabytes. A body under both
-    counts is parsed and counted exactly as before.
-
-    Raises
-    ------
-    LimitExceededError
-        When the body certainly holds more than ``max_vectors`` vectors.
-    """
-    brackets, quotes = body.count(b"["), body.count(b'"')
-    if brackets > max_vectors + _SPARE_TOKENS or quotes > 2 * (max_vectors + _SPARE_TOKENS):
-        at_least = max(brackets, quotes // 2) - _SPARE_TOKENS
-        raise LimitExceededError(
-            f"too many vectors: at least {at_least} in one request; the limit is {max_vectors}",
-            limit=max_vectors,
-            got=at_least,
-            param="input",
-        )
-
-
 def _decode_floats(items: list[Any], d_src: int) -> np.ndarray:
     try:
         with np.errstate(over="ignore", invalid="ignore"):

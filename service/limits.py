@@ -20,6 +20,11 @@ longer timed (the app may wait on it for a disconnect).
 worker thread, stopping past the same byte limit: 413) and passed on without the header;
 ``identity`` is passed as it is; any other coding, or a coding on a streamed upload, is a
 415 that names it; bytes that do not decompress are a 400.
+
+Vector counts: on paths that take vectors in a JSON body (translate, align, jobs), a
+buffered body that certainly holds more vectors than the path's limit is a 422 before
+anything parses it (:func:`refuse_too_many_vectors`): a JSON parser would build one
+object per item first, and 20 million empty arrays or objects take seconds and gigabytes.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ import math
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead.errors import (
     DecodeError,
+    LimitExceededError,
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
@@ -41,7 +48,50 @@ from lead.errors import (
 )
 from service.errors import lead_error_response
 
-__all__ = ["BodyLimitMiddleware", "ConcurrencyLimiter"]
+__all__ = ["BodyLimitMiddleware", "ConcurrencyLimiter", "VectorLimit", "refuse_too_many_vectors"]
+
+#: Arrays / objects / strings a body may hold besides one per vector: the outer arrays,
+#: the keys and string values of the other fields, job options (a handful; generous).
+_SPARE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class VectorLimit:
+    """The most vectors a path's JSON body may carry, and how to say it."""
+
+    vectors: int
+    param: str
+    what: str  # e.g. "in one request" or "in source and target together"
+
+
+def refuse_too_many_vectors(body: bytes, limit: VectorLimit) -> None:
+    """Refuse, before parsing, a JSON body that cannot hold ``limit.vectors`` or fewer.
+
+    Every float vector opens a ``[`` and every base64 vector is a string (two ``"``);
+    base64 holds neither character nor ``{``. So a body with more ``[`` and ``{`` (an
+    object where a vector belongs is as costly to parse as one), or more quotes, than
+    the vectors and the other fields can account for holds too many items, whatever its
+    layout. Counting is a C scan (milliseconds for 60 MB). A body under both counts is
+    parsed and checked exactly as before.
+
+    Raises
+    ------
+    LimitExceededError
+        When the body certainly holds more than ``limit.vectors`` vectors.
+    """
+    most = limit.vectors + _SPARE_TOKENS
+    containers = body.count(b"[") + body.count(b"{")
+    quotes = body.count(b'"')
+    if containers > most or quotes > 2 * most:
+        at_least = max(containers, quotes // 2) - _SPARE_TOKENS
+        raise LimitExceededError(
+            f"too many vectors or nested values: the body holds at least {at_least} arrays, "
+            f"objects or strings beyond its other fields, where {limit.vectors} vectors "
+            f"{limit.what} are the limit",
+            limit=limit.vectors,
+            got=at_least,
+            param=limit.param,
+        )
 
 
 def _too_large(limit: int, got: int, hint: str | None = None) -> PayloadTooLargeError:
@@ -90,19 +140,32 @@ def _content_coding(scope: Scope) -> str | None:
 
 
 def _decompress(body: bytes, coding: str, limit: int, hint: str | None = None) -> bytes:
-    """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413 with ``hint``)."""
-    decoder = zlib.decompressobj(_CODINGS[coding])
-    try:
-        out = decoder.decompress(body, limit + 1)
-    except zlib.error as error:
-        raise DecodeError(
-            f"the body is not valid {coding} data: {error}", param="Content-Encoding"
-        ) from None
-    if len(out) > limit or decoder.unconsumed_tail:
-        raise _too_large(limit, len(out), hint)
-    if not decoder.eof:
-        raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
-    return out
+    """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413 with ``hint``).
+
+    A gzip body may hold several members (RFC 1952), decoded one after another; bytes
+    after the last member, or after deflate data, are a 400 (not silently dropped).
+    """
+    out = bytearray()
+    data = body
+    while True:
+        decoder = zlib.decompressobj(_CODINGS[coding])
+        try:
+            out += decoder.decompress(data, limit + 1 - len(out))
+        except zlib.error as error:
+            raise DecodeError(
+                f"the body is not valid {coding} data: {error}", param="Content-Encoding"
+            ) from None
+        if len(out) > limit or decoder.unconsumed_tail:
+            raise _too_large(limit, len(out), hint)
+        if not decoder.eof:
+            raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
+        data = decoder.unused_data
+        if not data:
+            return bytes(out)
+        if coding == "deflate":
+            raise DecodeError(
+                f"{len(data)} bytes follow the deflate data", param="Content-Encoding"
+            )
 
 
 def _without_coding(scope: Scope, size: int) -> Scope:
@@ -131,6 +194,8 @@ class BodyLimitMiddleware:
     the body, elsewhere the time for the whole body (``math.inf``: no limit).
     ``path_hints`` maps exact paths to a sentence added to their 413 message (what to do
     instead: inline pairs too large for a job can be uploaded as a dataset).
+    ``path_vectors`` maps exact paths to the vectors their JSON body may carry
+    (:func:`refuse_too_many_vectors`, 422 before the app parses it).
     """
 
     def __init__(
@@ -140,12 +205,14 @@ class BodyLimitMiddleware:
         path_limits: dict[str, int] | None = None,
         body_timeout_s: float = math.inf,
         path_hints: dict[str, str] | None = None,
+        path_vectors: dict[str, VectorLimit] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.path_limits = dict(path_limits or {})
         self.body_timeout_s = body_timeout_s
         self.path_hints = dict(path_hints or {})
+        self.path_vectors = dict(path_vectors or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,7 +249,10 @@ class BodyLimitMiddleware:
                 )
                 messages = [{"type": "http.request", "body": body, "more_body": False}]
                 scope = _without_coding(scope, len(body))
-        except (PayloadTooLargeError, RequestTimeoutError, DecodeError) as exc:
+            vectors = self.path_vectors.get(path)
+            if vectors is not None and messages[0]["type"] == "http.request":
+                refuse_too_many_vectors(messages[0]["body"], vectors)
+        except (PayloadTooLargeError, RequestTimeoutError, DecodeError, LimitExceededError) as exc:
             await lead_error_response(exc, scope)(scope, receive, send)
             return
 

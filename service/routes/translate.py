@@ -28,7 +28,6 @@ from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, requi
 from service.encoding import (
     check_vector_count,
     decode_vectors,
-    refuse_too_many_vectors,
     reject_bools,
     render_embeddings,
 )
@@ -193,8 +192,7 @@ def _translate(
         options, _ = _parse_options(split.fields)
         route = _find_route(registry, options)
         x = decode_compact_base64(split, route.d_src, settings.max_vectors)
-    if x is None:
-        refuse_too_many_vectors(body, settings.max_vectors)
+    if x is None:  # the body limit middleware has refused too many vectors
         payload = _parse_json(body)
         options, items = _parse_options(payload)
         route = _find_route(registry, options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import threading
@@ -10,6 +11,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pydantic
 import pytest
 from service_helpers import b64, hold_one_request
 
@@ -205,8 +207,11 @@ def _translate_body(queries: Any) -> bytes:
     ).encode()
 
 
+def _halves(body: bytes) -> tuple[bytes, bytes]:
+    return body[: len(body) // 2], body[len(body) // 2 :]
+
+
 def test_gzip_and_deflate_bodies_are_decompressed(make_client: Any, queries: Any) -> None:
-    import gzip
     import zlib
 
     client = make_client()
@@ -220,6 +225,8 @@ def test_gzip_and_deflate_bodies_are_decompressed(make_client: Any, queries: Any
         ("gzip", gzip.compress(_translate_body(queries))),
         ("deflate", zlib.compress(_translate_body(queries))),
         ("identity", _translate_body(queries)),
+        # several gzip members, as RFC 1952 allows (e.g. files concatenated)
+        ("gzip", b"".join(gzip.compress(part) for part in _halves(_translate_body(queries)))),
     ):
         r = client.post(
             "/v1/translate",
@@ -231,7 +238,7 @@ def test_gzip_and_deflate_bodies_are_decompressed(make_client: Any, queries: Any
 
 
 def test_bad_or_unknown_encodings_are_4xx(make_client: Any, queries: Any) -> None:
-    import gzip
+    import zlib
 
     client = make_client(max_body_bytes=64 * 1024)
     cases = [
@@ -241,6 +248,9 @@ def test_bad_or_unknown_encodings_are_4xx(make_client: Any, queries: Any) -> Non
         ("gzip", gzip.compress(_translate_body(queries))[:-20], 400, "gzip"),
         # a small bomb: 10 MB of zeros that compress to ~10 kB, over the 64 kB limit
         ("gzip", gzip.compress(b"0" * 10_000_000), 413, "limit"),
+        # bytes after the data are refused, not dropped
+        ("gzip", gzip.compress(_translate_body(queries)) + b"trailing", 400, "gzip"),
+        ("deflate", zlib.compress(_translate_body(queries)) + b"xx", 400, "follow the deflate"),
     ]
     for coding, body, status, needle in cases:
         r = client.post(
@@ -282,3 +292,55 @@ def test_a_body_just_under_the_vector_limit_is_still_parsed_in_full(
     assert r.status_code == 200, r.text
     r = client.post("/v1/translate", json={"stitch": "minilm-to-mpnet", "input": x * 2})
     assert r.status_code == 422 and "too many vectors: 8" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "prefix", "item", "param"),
+    [
+        ("/v1/translate", b'{"stitch":"minilm-to-mpnet","input":[', b"{}", "input"),
+        ("/v1/align", b'{"target":[[1.0]],"source":[', b"[]", "source"),
+        ("/v1/align", b'{"target":[[1.0]],"source":[', b"{}", "source"),
+        ("/v1/align", b'{"target":[[1.0]],"source":[', b'""', "source"),
+        (
+            "/v1/jobs",
+            b'{"source_model":"a","target_model":"b","target":[[1.0]],"source":[',
+            b"{}",
+            "source",
+        ),
+    ],
+    ids=["translate-objects", "align-arrays", "align-objects", "align-strings", "jobs-objects"],
+)
+def test_every_route_with_vectors_refuses_too_many_before_parsing(
+    make_client: Any, path: str, prefix: bytes, item: bytes, param: str
+) -> None:
+    """Objects count as vectors (a parser builds one per item all the same), and align and
+    jobs bodies are counted before FastAPI parses them, gzip or not."""
+    client = make_client()
+    limits = client.get("/v1/info").json()["limits"]
+    body = prefix + b",".join([item] * 200_000) + b"]}"
+    for headers, content in (
+        ({"content-type": "application/json"}, body),
+        ({"content-type": "application/json", "content-encoding": "gzip"}, gzip.compress(body)),
+    ):
+        r = client.post(path, content=content, headers=headers)
+        assert r.status_code == 422, r.text[:300]
+        error = r.json()["error"]
+        assert error["code"] == "limit_exceeded" and error["param"] == param, error
+        most = {
+            "/v1/translate": limits["max_vectors_per_request"],
+            "/v1/align": 2 * limits["max_align_pairs"],
+            "/v1/jobs": 2 * limits["max_inline_pairs"],
+        }[path]
+        assert f"where {most} vectors" in error["message"]
+    assert client.get("/healthz").status_code == 200
+
+
+def test_vectors_of_the_wrong_type_stop_validation_at_the_first() -> None:
+    """A million numbers where vectors belong give one error per union member, not one
+    per item (each a dict: a million of them took seconds and gigabytes)."""
+    from service.jobs.schemas import AlignRequest
+
+    with pytest.raises(pydantic.ValidationError) as info:
+        AlignRequest.model_validate({"source": [0] * 1_000_000, "target": [[1.0]]})
+    assert len(info.value.errors()) <= 2
+    assert info.value.errors()[0]["loc"][:3] == ("source", "list[list[float]]", 0)

@@ -37,6 +37,10 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
     return options
 
 
+#: The largest seed accepted: torch and NumPy generators take 64-bit seeds.
+MAX_SEED = 2**63 - 1
+
+
 def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
     """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and None are refused.
 
@@ -49,7 +53,8 @@ def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None
         raise InvalidInputError(f"{name} must be an integer, got {value!r}", param=name)
     if value < minimum or (maximum is not None and value > maximum):
         upper = "" if maximum is None else f" and <= {maximum}"
-        raise InvalidInputError(f"{name} must be >= {minimum}{upper}, got {value}", param=name)
+        shown = value if value.bit_length() <= 128 else "a huge integer"
+        raise InvalidInputError(f"{name} must be >= {minimum}{upper}, got {shown}", param=name)
     return int(value)
 
 
@@ -66,11 +71,15 @@ def check_float_option(
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInputError(f"{name} must be a number, got {value!r}", param=name)
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range
+        number = math.inf
     low_ok = number >= minimum if inclusive else number > minimum
     if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
         bound = f"{'>=' if inclusive else '>'} {minimum:g}"
         if maximum is not None:
             bound += f" and <= {maximum:g}"
-        raise InvalidInputError(f"{name} must be finite and {bound}, got {value!r}", param=name)
+        shown = value if abs(number) < math.inf or isinstance(value, float) else "a huge integer"
+        raise InvalidInputError(f"{name} must be finite and {bound}, got {shown!r}", param=name)
     return number

@@ -15,7 +15,6 @@ uploads, and :func:`check_fitted` refuses a fit that still produced NaN or infin
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lead._options import MAX_SEED, check_float_option, check_int_option
 from lead.errors import (
     FitError,
     IllConditionedError,
@@ -192,8 +192,9 @@ def check_column_spread(x: Tensor, *, name: str) -> None:
     ------
     IllConditionedError
         If the widest column's standard deviation exceeds :data:`MAX_SPREAD_RATIO` times
-        the (upper) median one's, among the columns that vary, or if no column's standard
-        deviation reaches the smallest normal float32 (1.2e-38).
+        the (upper) median one's, among the columns that vary, if no column's standard
+        deviation reaches the smallest normal float32 (1.2e-38), or if all rows are the
+        same (no column varies).
 
     Notes
     -----
@@ -208,7 +209,12 @@ def check_column_spread(x: Tensor, *, name: str) -> None:
     high, low = x.amax(dim=0), x.amin(dim=0)
     varying = (high > low).nonzero().flatten()
     if varying.numel() == 0:
-        return
+        raise IllConditionedError(
+            f"the {name} vectors do not vary: all {x.shape[0]} rows are the same vector (a "
+            "stitch fitted to them answers that vector for every input, and every score is "
+            "0 / 0); check the embedding pipeline",
+            param=name,
+        )
     scale = torch.maximum(high.abs(), low.abs()).to(torch.float64).clamp_min(1e-300)
     spread = _column_std(x, scale)[varying]
     top = int(spread.argmax())
@@ -339,17 +345,12 @@ def check_config_fields(
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.type == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidInputError(f"{f.name} must be an integer", param=f.name)
             minimum = 0 if f.name == "seed" or f.name in zero_ok else 1
-            if value < minimum:
-                raise InvalidInputError(f"{f.name} must be >= {minimum}", param=f.name)
+            maximum = MAX_SEED if f.name == "seed" else None
+            check_int_option(value, f.name, minimum=minimum, maximum=maximum)
         elif f.type == "float":
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidInputError(f"{f.name} must be a number", param=f.name)
-            object.__setattr__(config, f.name, float(value))
-            if not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero_ok):
-                raise InvalidInputError(f"{f.name} must be finite and > 0", param=f.name)
+            number = check_float_option(value, f.name, minimum=0.0, inclusive=f.name in zero_ok)
+            object.__setattr__(config, f.name, number)
     for name, bound in (most or {}).items():
         if getattr(config, name) > bound:
             raise InvalidInputError(f"{name} must be <= {bound}", param=name)

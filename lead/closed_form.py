@@ -8,13 +8,13 @@ minimum-norm answer instead of NaN. The fitted stitches hold float32 parameters.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lead._options import check_float_option
 from lead._validation import check_fitted, check_pairs
 from lead.errors import FitError, InvalidInputError, TooFewPairsError
 from lead.splits import holdout_split
@@ -68,15 +68,7 @@ def _ridge_weight(lam: Tensor, V: Tensor, P: Tensor, alpha: float) -> Tensor:
 
 
 def _check_alpha(alpha: Any, param: str) -> float:
-    if isinstance(alpha, bool):
-        raise InvalidInputError(f"{param} must be a number, got {alpha!r}", param=param)
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{param} must be a number, got {alpha!r}", param=param) from None
-    if not math.isfinite(value) or value < 0:
-        raise InvalidInputError(f"{param} must be finite and >= 0, got {alpha!r}", param=param)
-    return value
+    return check_float_option(alpha, param, minimum=0.0)
 
 
 def _select_alpha(X: Tensor, Y: Tensor, alphas: Sequence[float], seed: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lead._options import MAX_SEED, check_int_option
 from lead._validation import (
     as_matrix,
     check_column_spread,
@@ -216,6 +217,7 @@ def fit_stitch(
         produces them on ``X``.
     """
     canonical = check_method_options(method, options)  # names and values, before any work
+    seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if canonical == "unsupervised":
         X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,6 +17,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from lead._options import MAX_SEED
 from lead.errors import InvalidInputError, NonFiniteError
 from service.jobs.layout import STITCH_ID_PATTERN
 from service.jobs.store import DatasetRecord, JobRecord
@@ -56,6 +57,10 @@ def _depth(value: Any, limit: int = _MAX_OPTION_DEPTH + 1) -> int:
 
 
 _HUB_REPO = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
+# Vectors: validation stops at the first bad item (a body of millions of wrong items would
+# otherwise collect an error for each, and each of those for every union member).
+_FloatRows = Annotated[list[Annotated[list[float], Field(fail_fast=True)]], Field(fail_fast=True)]
+_Base64Rows = Annotated[list[str], Field(fail_fast=True)]
 
 
 def job_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -148,10 +153,10 @@ class PairsInput(BaseModel):
         return value
 
     dataset: str | None = Field(default=None, description="Id of an uploaded dataset (`ds_...`).")
-    source: list[list[float]] | list[str] | None = Field(
+    source: _FloatRows | _Base64Rows | None = Field(
         default=None, description=_VECTORS.format(side="Source")
     )
-    target: list[list[float]] | list[str] | None = Field(
+    target: _FloatRows | _Base64Rows | None = Field(
         default=None, description=_VECTORS.format(side="Target")
     )
 
@@ -208,7 +213,9 @@ class JobCreate(PairsInput):
     holdout_fraction: float = Field(
         default=0.2, gt=0, lt=1, description="Share of pairs held out for the scorecard."
     )
-    seed: int = Field(default=0, ge=0, description="Seed of the split and of the fit.")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, strict=True, description="Seed of the split and of the fit."
+    )
     push_to_hub: str | None = Field(
         default=None,
         pattern=_HUB_REPO,
@@ -417,8 +424,10 @@ class AlignRequest(PairsInput):
 
     model_config = ConfigDict(extra="forbid")
 
-    folds: int = Field(default=5, ge=2, le=20, description="Folds of the cross-validated R².")
-    seed: int = Field(default=0, ge=0, description="Seed of the folds.")
+    folds: int = Field(
+        default=5, ge=2, le=20, strict=True, description="Folds of the cross-validated R²."
+    )
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, strict=True, description="Seed of the folds.")
 
 
 class AlignResponse(BaseModel):

@@ -561,12 +561,25 @@ def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_s
         ("unsupervised", {"rounds": 10**7}, "rounds"),
         ("invertible", {"hidden_dim": 0}, "hidden_dim"),
         ("mlp", {"loss": "bogus"}, "loss"),
+        ("ridge", {"alpha": "0.1"}, "alpha must be a number"),  # no silent coercion
+        # integers beyond the float range (float() raised OverflowError: a 500)
+        ("ridge", {"alpha": 10**400}, "alpha must be finite"),
+        ("ridge", {"alphas": [0.1, 10**400]}, "alphas must be finite"),
+        ("mlp", {"lr": 10**400}, "lr must be finite"),
+        ("invertible", {"lr": 10**400}, "lr must be finite"),
+        ("anchors", {"alpha": 10**400}, "alpha must be finite"),
+        ("unsupervised", {"epsilon": 10**400}, "epsilon must be finite"),
     ):
         body = tiny_body(scifact_small, n=40, method=method, options=options)
         r = jobs.post("/v1/jobs", json=body)
         assert r.status_code == 422, r.text
         assert needle in r.json()["error"]["message"]
         assert r.json()["error"]["param"] == "options"
+        assert str(10**400) not in r.text  # the message does not echo 401 digits
+    for seed in (2**64, -1, "1"):  # torch takes 64-bit seeds; no coercion from a string
+        r = jobs.post("/v1/jobs", json={**tiny_body(scifact_small, n=40), "seed": seed})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == "seed"
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
 
 
@@ -585,3 +598,29 @@ def test_deeply_nested_options_are_a_clean_422(
     assert "nest" in r.json()["error"]["message"]
     ok = jobs.post("/v1/jobs", json=tiny_body(scifact_small))
     assert ok.status_code == 202, ok.text
+
+
+def test_pairs_whose_target_rows_are_all_the_same_are_refused_at_submission(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    """What a broken embedding pipeline sends (one vector for every text): its stitch would
+    score a held-out R² of 0 / 0 (0.9995 was seen) and win routing while answering one
+    vector. Refused at upload and at submission, before any job exists."""
+    from jobs_helpers import dataset_bytes
+
+    sf = scifact_small
+    X, same = sf.corpus["minilm"][:40], np.tile(sf.corpus["pml3"][7:8], (40, 1))
+    before = len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"])
+    r = jobs.post("/v1/jobs", json=tiny_body(sf, n=40, target=b64(same)))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "ill_conditioned_input" and error["param"] == "target"
+    assert "do not vary: all 40 rows are the same" in error["message"]
+    r = jobs.post(
+        "/v1/datasets",
+        content=dataset_bytes(X, same),
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "ill_conditioned_input"
+    assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before

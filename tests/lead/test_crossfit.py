@@ -111,7 +111,7 @@ def test_errors(scifact_small: Any) -> None:
     with pytest.raises(ShapeMismatchError):
         crossfit_retrieval(**{**inputs, "doc_ids": inputs["doc_ids"][:-1]})
     with pytest.raises(ShapeMismatchError):
-        crossfit_retrieval(**inputs, extra_pairs=(np.ones((3, 5)), np.ones((3, 384))))
+        crossfit_retrieval(**inputs, extra_pairs=(np.eye(3, 5), np.eye(3, 384)))
     with pytest.raises(InvalidInputError):
         crossfit_retrieval(**inputs, method="magic")
     with pytest.raises(InvalidInputError):

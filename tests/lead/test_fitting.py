@@ -81,10 +81,25 @@ def test_procrustes_scaling_recovers_per_dimension_scales() -> None:
 def test_procrustes_scaling_is_finite_for_zero_variance_dimensions() -> None:
     X = _rng(9).normal(size=(50, 4))
     X[:, 2] = 1.0  # constant column
-    Y = np.zeros((50, 6))  # constant targets: every rotated dimension meets zero variance
+    Y = np.zeros((50, 6))  # five constant target columns: most rotated dimensions meet
+    Y[:, 0] = X[:, 0]  # zero variance
     stitch = fit_procrustes(X, Y, scaling=True)
     assert torch.isfinite(stitch.scale).all() and torch.isfinite(stitch.weight).all()
     assert np.isfinite(_predict(stitch, X)).all()
+
+
+@pytest.mark.parametrize("method", ["ridge", "procrustes", "mlp", "invertible", "anchors"])
+@pytest.mark.parametrize("side", ["X", "Y"])
+def test_a_side_whose_rows_are_all_the_same_is_refused(method: str, side: str) -> None:
+    """A broken embedding pipeline (one vector for every text) would give a stitch that
+    answers one vector, and a held-out R² of 0 / 0 that can read 0.9995."""
+    X = _rng(3).normal(size=(60, 8))
+    Y = X @ _rng(4).normal(size=(8, 6))
+    same = np.tile(_rng(5).normal(size=(1, 8 if side == "X" else 6)), (60, 1))
+    X, Y = (same, Y) if side == "X" else (X, same)
+    with pytest.raises(IllConditionedError, match="do not vary: all 60 rows are the same") as e:
+        fit_stitch(X, Y, method=method)
+    assert e.value.param == side
 
 
 # --- ridge ---------------------------------------------------------------------------------
@@ -116,11 +131,12 @@ def test_ridge_on_rank_deficient_input_is_finite_and_minimum_norm() -> None:
     assert np.isfinite(_predict(fit_ridge(X, Y), X)).all()
 
 
-def test_ridge_on_constant_input_predicts_the_target_mean() -> None:
+def test_ridge_on_constant_input_is_refused() -> None:
+    """Constant input carries nothing to map (the fit could only answer the target mean)."""
     X = np.ones((8, 3))
     Y = _rng(15).normal(size=(8, 2))
-    stitch = fit_ridge(X, Y, alpha=0.0)
-    np.testing.assert_allclose(_predict(stitch, X), np.tile(Y.mean(0), (8, 1)), atol=1e-6)
+    with pytest.raises(IllConditionedError, match="do not vary"):
+        fit_ridge(X, Y, alpha=0.0)
 
 
 def test_ridge_chooses_alpha_on_held_out_pairs() -> None:

@@ -78,7 +78,7 @@ def test_as_matrix_rejects_non_real_input(bad: object) -> None:
 
 
 def test_check_pairs_returns_float64_pairs() -> None:
-    X, Y = check_pairs(np.ones((5, 3), np.float32), np.ones((5, 7)))
+    X, Y = check_pairs(np.eye(5, 3, dtype=np.float32), np.eye(5, 7))
     assert X.dtype == Y.dtype == torch.float64
     assert X.shape == (5, 3) and Y.shape == (5, 7)
 
@@ -159,7 +159,8 @@ def test_legitimate_spreads_pass() -> None:
     X[:, 3] *= 1e6  # a million times wider than the others: below the limit
     Y = 1e-30 * _normal(40, 3)  # a uniformly tiny scale is fine too
     check_pairs(X, Y)
-    check_column_spread(torch.from_numpy(X[:, :2].copy()), name="X")  # nothing varies
+    with pytest.raises(IllConditionedError, match="do not vary: all 40 rows are the same"):
+        check_column_spread(torch.from_numpy(X[:, :2].copy()), name="X")  # nothing varies
     two = np.c_[X[:, 4], 1e-9 * X[:, 5]]  # one real and one dead column: the median is upper
     check_column_spread(torch.from_numpy(two), name="X")
     assert pytest.approx(8.4e6, rel=0.01) == MAX_SPREAD_RATIO

@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -159,7 +160,13 @@ class JobManager:
                 path.unlink(missing_ok=True)
         deleted = self.store.deleted_stitch_ids()
         unserved = self.store.unserved_stitch_ids()
-        for folder in self.layout.stitch_dirs():
+        # registered oldest first, as they were trained: "the newest job" keeps its meaning
+        # for routing after a restart (folders sort by name, not by age)
+        finished = self.store.stitch_finish_times()
+        folders = sorted(
+            self.layout.stitch_dirs(), key=lambda f: (finished.get(f.name, math.inf), f.name)
+        )
+        for folder in folders:
             if folder.name in deleted:  # the server stopped while deleting it
                 logger.warning("removing %s: its stitch was deleted", folder)
                 shutil.rmtree(folder, ignore_errors=True)

@@ -350,6 +350,15 @@ class JobStore:
         )
         return [r["id"] for r in rows]
 
+    def stitch_finish_times(self) -> dict[str, float]:
+        """``finished_at`` (Unix seconds) of each succeeded job's stitch, by stitch id."""
+        rows = (
+            self._connection()
+            .execute("SELECT stitch_id, finished_at FROM jobs WHERE status = 'succeeded'")
+            .fetchall()
+        )
+        return {r["stitch_id"]: float(r["finished_at"] or 0.0) for r in rows}
+
     def unserved_stitch_ids(self) -> set[str]:
         """Stitch ids of succeeded jobs whose result says the stitch is not served
         (``"served": false``: kept on disk, never registered, also after a restart)."""

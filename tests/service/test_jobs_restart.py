@@ -82,3 +82,41 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
     assert (job.status, job.error and job.error["code"]) == ("failed", "interrupted")
     assert store.get_job(requeued["id"]).status == "succeeded"
     store.close()
+
+
+def test_the_newest_of_equal_stitches_still_wins_after_a_restart(
+    tmp_path: Path, scifact_small: Any
+) -> None:
+    """Routing by model names prefers, at equal held-out R², the newest job's stitch; a
+    restart registers the job stitches in the order they were trained, not by name."""
+    sf = scifact_small
+    pairs = {
+        "source_model": "test/minilm",
+        "target_model": "test/pml3",
+        "source": b64(sf.corpus["minilm"][:60]),
+        "target": b64(sf.corpus["pml3"][:60]),
+    }
+    x = {
+        "source_model": "test/minilm",
+        "target_model": "test/pml3",
+        "input": b64(sf.queries["minilm"][:2]),
+    }
+    client = make_jobs_client(tmp_path / "data")
+    try:
+        for stitch_id in ("z-older", "a-newer"):  # the same data: the same R²
+            r = client.post("/v1/jobs", json={**pairs, "stitch_id": stitch_id,
+                                               "allow_below_baseline": True})  # fmt: skip
+            assert r.status_code == 202, r.text
+            assert wait_job(client, r.json()["id"])["status"] == "succeeded"
+        r = client.post("/v1/translate", json=x)
+        assert r.status_code == 200, r.text
+        assert r.json()["stitch"]["id"] == "a-newer"
+    finally:
+        client.__exit__(None, None, None)
+    restarted = make_jobs_client(tmp_path / "data")
+    try:
+        r = restarted.post("/v1/translate", json=x)
+        assert r.status_code == 200, r.text
+        assert r.json()["stitch"]["id"] == "a-newer"
+    finally:
+        restarted.__exit__(None, None, None)

@@ -16,7 +16,8 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
-from lead.errors import InvalidInputError, UnsupportedMediaTypeError
+from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
+from service.jobs.datasets import METADATA_LIMIT
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import DatasetList, DatasetOut, job_error_responses
 
@@ -41,7 +42,7 @@ _UPLOAD_BODY: dict[str, Any] = {
                     "type": "object",
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
-                        "name": {"type": "string"},
+                        "name": {"type": "string", "maxLength": METADATA_LIMIT},
                     },
                     "required": ["file"],
                 }
@@ -74,7 +75,7 @@ async def upload_dataset(
     request: Request,
     response: Response,
     jobs: JobsDep,
-    name: Annotated[str | None, Query(max_length=200, description="A label.")] = None,
+    name: Annotated[str | None, Query(max_length=METADATA_LIMIT, description="A label.")] = None,
 ) -> DatasetOut:
     """Store a dataset for jobs and alignment; answers 201 with its id and shapes."""
     content_type = request.headers.get("content-type", "")
@@ -89,6 +90,14 @@ async def upload_dataset(
                     "the multipart form needs a file field named 'file'", param="file"
                 )
             label = form.get("name")
+            if isinstance(label, str) and len(label) > METADATA_LIMIT:
+                raise LimitExceededError(
+                    f"the form field 'name' has {len(label)} characters; at most "
+                    f"{METADATA_LIMIT} (as for ?name=)",
+                    limit=METADATA_LIMIT,
+                    got=len(label),
+                    param="name",
+                )
             record = await jobs.upload_dataset(
                 _file_chunks(upload), name=name or (label if isinstance(label, str) else None)
             )

@@ -73,6 +73,14 @@ def test_upload_multipart_and_other_float_dtypes(
     assert (ds["pairs"], ds["queries"], ds["retrieval"]) == (50, None, False)
     named = upload(client, dataset_bytes(X, Y), name="from the query")
     assert named["name"] == "from the query"
+    r = client.post(  # the form's name is capped as ?name= and the file's metadata are
+        "/v1/datasets",
+        files={"file": ("pairs.safetensors", body, "application/octet-stream")},
+        data={"name": "n" * 500_000},
+    )
+    assert r.status_code == 422, r.text[:300]
+    assert r.json()["error"]["code"] == "limit_exceeded" and r.json()["error"]["param"] == "name"
+    assert len(client.get("/v1/datasets").text) < 10_000
 
 
 def test_list_get_delete(

@@ -80,6 +80,8 @@ class TranslateOptions(BaseModel):
             raise ValueError("give either `stitch` or `source_model` + `target_model`, not both")
         if self.stitch is None and (self.source_model is None or self.target_model is None):
             raise ValueError("give `stitch`, or both `source_model` and `target_model`")
+        if self.source_model is not None and self.source_model == self.target_model:
+            raise ValueError("source_model and target_model must differ (as for jobs)")
         return self
 
 

@@ -1,5 +1,6 @@
 """LEAD: learn stitches between embedding spaces, score their alignment, translate vectors."""
 
+from lead._apply import apply_stitch
 from lead.alignment import alignment_scores
 from lead.anchors import fit_anchors
 from lead.artifacts import (
@@ -64,6 +65,7 @@ __all__ = [
     "StitchInfo",
     "__version__",
     "alignment_scores",
+    "apply_stitch",
     "cknna_score",
     "crossfit_retrieval",
     "cycle_knn_score",

@@ -110,7 +110,12 @@ class Stitch(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
-        """Translate a batch.
+        """Translate a batch: the map itself, on ``x`` as given.
+
+        :func:`lead.apply_stitch` (and ``lead translate``, the service) first scales inputs
+        to unit length when the stitch was fitted on unit-length vectors
+        (``info.source_normalized``) and refuses zero vectors; call it for translations,
+        and this method where ``x`` is known to be what the stitch was fitted on.
 
         Parameters
         ----------

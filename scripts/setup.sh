@@ -12,7 +12,14 @@ VENV=${LEAD_VENV:-.venv}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.lead-installed-${EXTRAS//[^a-z,]/_}"
 WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+installed() { [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; }
+if installed; then
+  exit 0
+fi
+# one install at a time (two servers started at once share the venv)
+exec 9>"$VENV.setup-lock"
+if command -v flock >/dev/null; then flock 9; fi
+if installed; then
   exit 0
 fi
 if [ ! -x "$VENV/bin/python" ]; then

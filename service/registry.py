@@ -28,6 +28,9 @@ from service.routing import Origin, Route, StitchEntry, probe_stitch, shortest_c
 
 __all__ = ["LoadFailure", "Readiness", "Route", "StitchEntry", "StitchRegistry"]
 
+#: Stitch ids a "no stitch" message lists at most.
+_LISTED = 20
+
 
 @dataclass(frozen=True)
 class LoadFailure:
@@ -231,7 +234,10 @@ class StitchRegistry:
                 f"{failure.message}); see /readyz",
                 param="stitch",
             )
-        known = ", ".join(sorted(self._entries)) or "none"
+        ids = sorted(self._entries)
+        known = ", ".join(ids[:_LISTED]) or "none"
+        if len(ids) > _LISTED:  # jobs add stitches: the message stays short
+            known += f" and {len(ids) - _LISTED} more (GET /v1/stitches lists them)"
         return StitchNotFoundError(f"no stitch {echo(stitch_id)}; served: {known}", param="stitch")
 
     def route_for_id(self, stitch_id: str, *, inverse: bool = False) -> Route:

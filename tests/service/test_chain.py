@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from service_helpers import b64, embeddings
 
 
@@ -137,3 +138,21 @@ def _by_models_pml3(fitted: Any, x: Any) -> dict[str, Any]:
         "target_model": fitted.models["pml3"],
         "input": x.tolist(),
     }
+
+
+def test_an_unknown_id_lists_a_bounded_number_of_served_ones() -> None:
+    """Job-trained stitches accumulate: the 404 names 20 of them and counts the rest."""
+    import torch
+
+    from lead.errors import StitchNotFoundError
+    from lead.stitches import AffineStitch
+    from service.registry import StitchRegistry
+
+    registry = StitchRegistry(torch.device("cpu"))
+    for i in range(25):
+        registry.register(f"job-{i:02d}", AffineStitch(4, 4), origin="job")
+    with pytest.raises(StitchNotFoundError) as info:
+        registry.get("missing")
+    message = str(info.value)
+    assert "job-00" in message and "job-19" in message and "job-20" not in message
+    assert "and 5 more (GET /v1/stitches lists them)" in message

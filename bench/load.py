@@ -11,7 +11,8 @@ at a time from a fixed mix (weights in :data:`MIX`):
 - ``batch``: 1,024 vectors as base64 (compact JSON), the bulk case;
 - ``chain``: by model names with no direct stitch (e5 → mpnet goes e5 → MiniLM → mpnet);
 - ``bad``: a rotating set of bad inputs (NaN, wrong dimension, bad base64, unknown stitch,
-  malformed JSON, wrong content type), each of which must be a 4xx;
+  malformed JSON, wrong content type, a job option beyond the float range, 50,000 objects
+  where align vectors belong), each of which must be a 4xx;
 - ``job``: a small inline ridge job (200 real pairs);
 - ``read``: ``GET /v1/stitches``.
 
@@ -118,6 +119,22 @@ def build_requests() -> dict[str, list[tuple[str, str, bytes | None, dict[str, s
         ("POST", "/v1/translate", b'{"stitch": "minilm-to-mpnet", "input": [[0.1, 0.2', js, False),
         ("POST", "/v1/translate", b"stitch=minilm-to-mpnet", {"Content-Type": "text/plain"}, False),
         ("POST", "/v1/translate", _compact({"stitch": "minilm-to-mpnet", "input": []}), js, False),
+        # an option beyond the float range (was a 500 that dropped the connection)
+        (
+            "POST",
+            "/v1/jobs",
+            _compact({**json.loads(job), "options": {"alpha": 10**400}}),
+            js,
+            False,
+        ),
+        # 50,000 objects where vectors belong (was parsed whole before any check)
+        (
+            "POST",
+            "/v1/align",
+            b'{"target":[[1.0]],"source":[' + b",".join([b"{}"] * 50_000) + b"]}",
+            js,
+            False,
+        ),
     ]
     return {
         "single": [(m, p, b, js, True) for m, p, b in single],

@@ -410,6 +410,13 @@ class JobManager:
                 )
             folder = self._saved_folder(stitch_id)
             if entry is None and folder is None:
+                deleted = self.store.stitch_deleted_at(stitch_id)
+                if deleted is not None:
+                    raise StitchNotFoundError(
+                        f"stitch {echo(stitch_id)} was deleted already (Unix time "
+                        f"{deleted[1]}; job {deleted[0]} keeps its record)",
+                        param="stitch_id",
+                    )
                 raise missing or StitchNotFoundError(
                     f"no stitch {echo(stitch_id)}", param="stitch_id"
                 )

@@ -310,8 +310,9 @@ class JobResult(BaseModel):
         default=True,
         description="Whether the stitch is served (listed in `GET /v1/stitches`). False when "
         "its held-out `r2_score` is at or below the mean-estimator baseline (0) and the job "
-        "did not set `allow_below_baseline`; the stitch is still saved under "
-        "`LEAD_DATA_DIR/stitches/`, and stays unserved after a restart.",
+        "did not set `allow_below_baseline` (the stitch is still saved under "
+        "`LEAD_DATA_DIR/stitches/`, and stays unserved after a restart), and once the "
+        "stitch is deleted.",
     )
     not_served_reason: str | None = Field(
         default=None, description="Why the stitch is not served (null when it is)."

@@ -276,9 +276,21 @@ class JobStore:
                     param="stitch_id",
                 )
             result = _loads(row["result"]) or {"stitch_id": stitch_id}
-            result.setdefault("stitch_deleted_at", int(time.time()))
+            if result.get("stitch_deleted_at") is None:
+                result["stitch_deleted_at"] = int(time.time())
+                result["served"] = False
+                result["not_served_reason"] = "deleted (DELETE /v1/stitches/{id})"
             conn.execute("UPDATE jobs SET result = ? WHERE id = ?", (_dumps(result), row["id"]))
         return self.get_job(row["id"])
+
+    def stitch_deleted_at(self, stitch_id: str) -> tuple[str, int] | None:
+        """(job id, Unix seconds) when a job's stitch ``stitch_id`` was deleted, else None."""
+        with self._transaction() as conn:
+            row = self._producer(conn, stitch_id)
+        if row is None:
+            return None
+        deleted = (_loads(row["result"]) or {}).get("stitch_deleted_at")
+        return None if deleted is None else (str(row["id"]), int(deleted))
 
     def deleted_stitch_ids(self) -> set[str]:
         """Ids of the stitches that succeeded jobs trained and that were deleted since."""

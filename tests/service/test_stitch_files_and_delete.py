@@ -126,11 +126,16 @@ def test_deleted_job_stitch_stays_deleted_after_a_restart(
         r = first.post("/v1/translate", json={"stitch": "bad-stitch", "input": x})
         assert r.status_code == 404, r.text
         assert first.get("/v1/stitch-files/config.json?stitch=bad-stitch").status_code == 404
-        assert first.delete("/v1/stitches/bad-stitch").status_code == 404
+        again = first.delete("/v1/stitches/bad-stitch")
+        assert again.status_code == 404, again.text
+        assert "was deleted already" in again.json()["error"]["message"]
+        assert job["id"] in again.json()["error"]["message"]
         record = first.get(f"/v1/jobs/{job['id']}").json()
         assert record["status"] == "succeeded"  # the job record stays, and says so
         assert record["result"]["stitch_id"] == "bad-stitch"
         assert isinstance(record["result"]["stitch_deleted_at"], int)
+        assert record["result"]["served"] is False
+        assert "deleted" in record["result"]["not_served_reason"]
         assert first.get(f"/v1/jobs/{kept['id']}").json()["result"]["stitch_deleted_at"] is None
         r = first.post(
             "/v1/jobs",

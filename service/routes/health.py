@@ -34,8 +34,9 @@ async def healthz() -> HealthOut:
 async def readyz(request: Request) -> JSONResponse:
     """200 once every configured stitch is loaded and has passed its test vector.
 
-    Otherwise 503 with ``Retry-After``, listing the stitches still pending and those that
-    failed (a failed stitch keeps the service unready until the configuration is fixed).
+    Otherwise 503, listing the stitches still pending and those that failed (a failed
+    stitch keeps the service unready until the configuration is fixed), with
+    ``Retry-After`` while stitches are still loading.
     """
     registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
     if registry is None:
@@ -55,9 +56,11 @@ async def readyz(request: Request) -> JSONResponse:
     )
     if state.is_ready:
         return JSONResponse(body.model_dump())
-    return JSONResponse(
-        body.model_dump(), status_code=503, headers={"Retry-After": _NOT_READY_RETRY_AFTER}
-    )
+    # a stitch that failed stays failed until the configuration changes: no Retry-After
+    # unless something is still loading
+    final = bool(state.failed) and not state.pending and not state.loading
+    headers = {} if final else {"Retry-After": _NOT_READY_RETRY_AFTER}
+    return JSONResponse(body.model_dump(), status_code=503, headers=headers)
 
 
 @router.get(

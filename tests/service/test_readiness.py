@@ -89,7 +89,7 @@ def test_a_broken_stitch_is_reported_not_skipped(
     client = make_client(["minilm-to-mpnet", str(broken), str(missing)])
     r = client.get("/readyz")
     assert r.status_code == 503, r.text
-    assert r.headers["retry-after"]
+    assert "retry-after" not in r.headers  # all loaded, two failed: retrying will not help
     body = r.json()
     assert body["status"] == "failed"
     assert body["ready"] == ["minilm-to-mpnet"]

@@ -25,7 +25,9 @@ __all__ = ["DEFAULT_RIDGE_ALPHAS", "ProgressCallback", "fit_procrustes", "fit_ri
 #: ``progress(stage, step, total)``; may raise :class:`~lead.errors.JobCancelledError`.
 ProgressCallback = Callable[[str, int, int], None]
 
-#: Ridge strengths tried on held-out pairs, on the per-pair (mean squared) scale.
+#: Ridge strengths tried on held-out pairs, in units of the mean squared norm of the
+#: source rows (1 for unit-length vectors), so that the choice does not depend on the
+#: source vectors' scale.
 DEFAULT_RIDGE_ALPHAS: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-14, 3))
 
 _RIDGE_HOLDOUT = 0.2
@@ -113,15 +115,19 @@ def fit_ridge(
         the one with the lowest mean squared error on the other 20 % (split by ``seed``)
         is refitted on all pairs.
     alphas : sequence of float, default :data:`DEFAULT_RIDGE_ALPHAS` (1e-7 … 10, log grid)
-        Candidate strengths when ``alpha`` is None.
+        Candidate strengths when ``alpha`` is None, in units of the mean squared row norm
+        :math:`s^2 = \frac1n \sum_i \lVert x_i \rVert^2` of ``X`` (1 for unit-length
+        vectors): each is tried as ``a * s**2``, so scaling ``X`` by ``c`` scales the
+        strengths by ``c**2`` and the held-out choice, and the fit's predictions, stay
+        the same.
     seed : int, default 0
         Seed of the held-out split used to choose ``alpha``.
 
     Returns
     -------
     AffineStitch
-        float32 parameters (gradients off); ``info.fit`` holds the chosen ``alpha`` and
-        how it was chosen.
+        float32 parameters (gradients off); ``info.fit`` holds the chosen ``alpha``, how
+        it was chosen and, when chosen from ``alphas``, their unit ``alpha_unit`` (s²).
 
     Raises
     ------
@@ -165,11 +171,16 @@ def fit_ridge(
             "alpha_selection": "given",
         }
     else:
-        grid = _check_alphas(alphas)
+        unit = float((X**2).sum(dim=1).mean())  # s², > 0 (check_pairs: X varies)
+        grid = [a * unit for a in _check_alphas(alphas)]
         try:
             details = _select_alpha(X, Y, grid, seed)
         except TooFewPairsError:
-            details = {"alpha": _FALLBACK_ALPHA, "alpha_selection": "fallback (too few pairs)"}
+            details = {
+                "alpha": _FALLBACK_ALPHA * unit,
+                "alpha_selection": "fallback (too few pairs)",
+            }
+        details["alpha_unit"] = unit
     Xc, Yc, mean_x, mean_y = _centre(X, Y)
     lam, V, P = _ridge_factors(Xc, Yc)
     weight = _ridge_weight(lam, V, P, details["alpha"]).T

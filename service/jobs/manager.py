@@ -158,19 +158,19 @@ class JobManager:
             if self.layout.relative(path) not in known:  # written just before a crash
                 logger.warning("removing %s: no dataset or job refers to it", path)
                 path.unlink(missing_ok=True)
-        deleted = self.store.deleted_stitch_ids()
-        unserved = self.store.unserved_stitch_ids()
-        # registered oldest first, as they were trained: "the newest job" keeps its meaning
-        # for routing after a restart (folders sort by name, not by age)
-        finished = self.store.stitch_finish_times()
+        # registered oldest job first: "the newest job" keeps its meaning for routing
+        # after a restart (folders sort by name, not by age)
+        stitches = self.store.succeeded_stitches()
+        order = {stitch_id: i for i, stitch_id in enumerate(stitches)}
         folders = sorted(
-            self.layout.stitch_dirs(), key=lambda f: (finished.get(f.name, math.inf), f.name)
+            self.layout.stitch_dirs(), key=lambda f: (order.get(f.name, math.inf), f.name)
         )
         for folder in folders:
-            if folder.name in deleted:  # the server stopped while deleting it
+            state = stitches.get(folder.name)
+            if state is not None and state.deleted:  # the server stopped while deleting it
                 logger.warning("removing %s: its stitch was deleted", folder)
                 shutil.rmtree(folder, ignore_errors=True)
-            elif folder.name not in unserved:
+            elif state is None or state.served:
                 self._register(folder.name)
         if self.runner is None:
             token = self.settings.hf_token

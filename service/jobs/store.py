@@ -126,6 +126,14 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class StitchState:
+    """What a succeeded job's result says of its stitch."""
+
+    served: bool  # false below the baseline (unless allowed) and once deleted
+    deleted: bool  # DELETE /v1/stitches/{id} committed (the folder may remain)
+
+
+@dataclass(frozen=True)
 class DatasetRecord:
     """One uploaded dataset: ``info`` holds its shapes, dtype, size and checksum."""
 
@@ -292,18 +300,6 @@ class JobStore:
         deleted = (_loads(row["result"]) or {}).get("stitch_deleted_at")
         return None if deleted is None else (str(row["id"]), int(deleted))
 
-    def deleted_stitch_ids(self) -> set[str]:
-        """Ids of the stitches that succeeded jobs trained and that were deleted since."""
-        rows = (
-            self._connection()
-            .execute(
-                "SELECT stitch_id FROM jobs WHERE status = 'succeeded'"
-                " AND json_extract(result, '$.stitch_deleted_at') IS NOT NULL"
-            )
-            .fetchall()
-        )
-        return {r["stitch_id"] for r in rows}
-
     def get_job(self, job_id: str) -> JobRecord:
         """The job with this id.
 
@@ -362,27 +358,26 @@ class JobStore:
         )
         return [r["id"] for r in rows]
 
-    def stitch_finish_times(self) -> dict[str, float]:
-        """``finished_at`` (Unix seconds) of each succeeded job's stitch, by stitch id."""
-        rows = (
-            self._connection()
-            .execute("SELECT stitch_id, finished_at FROM jobs WHERE status = 'succeeded'")
-            .fetchall()
-        )
-        return {r["stitch_id"]: float(r["finished_at"] or 0.0) for r in rows}
-
-    def unserved_stitch_ids(self) -> set[str]:
-        """Stitch ids of succeeded jobs whose result says the stitch is not served
-        (``"served": false``: kept on disk, never registered, also after a restart)."""
+    def succeeded_stitches(self) -> dict[str, StitchState]:
+        """What the succeeded jobs' results say of their stitches, by stitch id, oldest
+        job first (by ``finished_at``)."""
         rows = (
             self._connection()
             .execute(
-                "SELECT stitch_id, result FROM jobs"
-                " WHERE status = 'succeeded' AND result IS NOT NULL"
+                "SELECT stitch_id, finished_at, result FROM jobs WHERE status = 'succeeded'"
+                " ORDER BY finished_at, stitch_id"
             )
             .fetchall()
         )
-        return {r["stitch_id"] for r in rows if _loads(r["result"]).get("served") is False}
+        states = {}
+        for row in rows:
+            result = _loads(row["result"]) or {}
+            states[row["stitch_id"]] = StitchState(
+                # records from before ``served`` existed count as served
+                served=result.get("served") is not False,
+                deleted=result.get("stitch_deleted_at") is not None,
+            )
+        return states
 
     def claim_job(self, job_id: str) -> bool:
         """Move a ``queued`` job to ``running``; False when it is no longer queued."""

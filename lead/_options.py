@@ -41,6 +41,13 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
 MAX_SEED = 2**63 - 1
 
 
+def _shown(value: Any) -> Any:
+    """``value`` for an error message: an integer of hundreds of digits is not echoed."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return "a huge integer"
+    return value
+
+
 def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
     """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and None are refused.
 
@@ -53,8 +60,9 @@ def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None
         raise InvalidInputError(f"{name} must be an integer, got {value!r}", param=name)
     if value < minimum or (maximum is not None and value > maximum):
         upper = "" if maximum is None else f" and <= {maximum}"
-        shown = value if value.bit_length() <= 128 else "a huge integer"
-        raise InvalidInputError(f"{name} must be >= {minimum}{upper}, got {shown}", param=name)
+        raise InvalidInputError(
+            f"{name} must be >= {minimum}{upper}, got {_shown(value)}", param=name
+        )
     return int(value)
 
 
@@ -80,6 +88,7 @@ def check_float_option(
         bound = f"{'>=' if inclusive else '>'} {minimum:g}"
         if maximum is not None:
             bound += f" and <= {maximum:g}"
-        shown = value if abs(number) < math.inf or isinstance(value, float) else "a huge integer"
-        raise InvalidInputError(f"{name} must be finite and {bound}, got {shown!r}", param=name)
+        raise InvalidInputError(
+            f"{name} must be finite and {bound}, got {_shown(value)!r}", param=name
+        )
     return number

@@ -211,15 +211,15 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
     if isinstance(exc.__cause__, ClientDisconnect):
         return client_closed_response(request)
     status = exc.status_code
+    headers = dict(exc.headers or {})
     if status == 404:
         message = f"no route {echo(request.url.path)}"
-    headers = dict(exc.headers or {})
-    if status == 405:
+    elif status == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
         allowed = _allowed_methods(request)
         if allowed:  # else keep Starlette's (a path the schema's templates cannot match)
             headers["Allow"] = ", ".join(allowed)
-    elif status != 404:
+    else:
         message = str(exc.detail)
     type_ = "not_found_error" if status == 404 else _INVALID if status < 500 else "server_error"
     return error_response(

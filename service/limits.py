@@ -21,10 +21,12 @@ worker thread, stopping past the same byte limit: 413) and passed on without the
 ``identity`` is passed as it is; any other coding, or a coding on a streamed upload, is a
 415 that names it; bytes that do not decompress are a 400.
 
-Vector counts: on paths that take vectors in a JSON body (translate, align, jobs), a
-buffered body that certainly holds more vectors than the path's limit is a 422 before
-anything parses it (:func:`refuse_too_many_vectors`): a JSON parser would build one
+Vector counts: on paths whose JSON body FastAPI parses before the route runs (align,
+jobs), a buffered body that certainly holds more vectors than the path's limit is a 422
+before anything parses it (:func:`refuse_too_many_vectors`): a JSON parser would build one
 object per item first, and 20 million empty arrays or objects take seconds and gigabytes.
+The translate route reads its body itself and counts there, after its compact base64
+path (which counts as it decodes), so that the common request is scanned once.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from service.encoding import (
     reject_bools,
     render_embeddings,
 )
+from service.limits import VectorLimit, refuse_too_many_vectors
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -192,7 +193,10 @@ def _translate(
         options, _ = _parse_options(split.fields)
         route = _find_route(registry, options)
         x = decode_compact_base64(split, route.d_src, settings.max_vectors)
-    if x is None:  # the body limit middleware has refused too many vectors
+    if x is None:
+        # before parsing (the compact path above counts as it decodes): the middleware
+        # leaves translate bodies to this, off the compact base64 hot path
+        refuse_too_many_vectors(body, VectorLimit(settings.max_vectors, "input", "in one request"))
         payload = _parse_json(body)
         options, items = _parse_options(payload)
         route = _find_route(registry, options)

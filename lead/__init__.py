@@ -1,6 +1,7 @@
 """LEAD: learn stitches between embedding spaces, score their alignment, translate vectors."""
 
 from lead._apply import apply_stitch
+from lead._version import __version__
 from lead.alignment import alignment_scores
 from lead.anchors import fit_anchors
 from lead.artifacts import (
@@ -44,8 +45,6 @@ from lead.stitches import (
 )
 from lead.training import MLPConfig, train_mlp
 from lead.unsupervised import fit_unsupervised
-
-__version__ = "0.1.0"
 
 __all__ = [
     "STITCH_REGISTRY",

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
+from lead._version import __version__
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -65,8 +66,6 @@ STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 
 
 def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, Any]:
-    from lead.closed_form import _lead_version
-
     info = stitch.info
     return {
         "format": FORMAT,
@@ -89,7 +88,7 @@ def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str)
         "normalize_output": stitch.normalize_output,
         "fit": info.fit,
         "scorecard": info.scorecard,
-        "lead_version": _lead_version(),
+        "lead_version": __version__,
         "dtype": dtype,
         "tensors": {name: list(t.shape) for name, t in tensors.items()},
     }

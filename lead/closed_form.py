@@ -34,12 +34,6 @@ _RIDGE_HOLDOUT = 0.2
 _FALLBACK_ALPHA = 1e-3
 
 
-def _lead_version() -> str:
-    from lead import __version__  # late import: lead/__init__ imports this module
-
-    return __version__
-
-
 def _centre(X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     mean_x, mean_y = X.mean(dim=0), Y.mean(dim=0)
     return X - mean_x, Y - mean_y, mean_x, mean_y

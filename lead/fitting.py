@@ -23,13 +23,13 @@ from lead._validation import (
     check_float32_range,
     check_pairs,
 )
+from lead._version import __version__
 from lead.anchors import check_anchor_options, fit_anchors
 from lead.closed_form import (
     DEFAULT_RIDGE_ALPHAS,
     ProgressCallback,
     _check_alpha,
     _check_alphas,
-    _lead_version,
     fit_procrustes,
     fit_ridge,
 )
@@ -276,7 +276,7 @@ def fit_stitch(
         "options": {k: _jsonable(v) for k, v in sorted(options.items())},
         "pairs": 0 if canonical == "unsupervised" else int(X.shape[0]),
         "seed": int(seed),
-        "lead_version": _lead_version(),
+        "lead_version": __version__,
         **stitch.info.fit,
     }
     stitch.info = info

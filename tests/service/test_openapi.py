@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ def test_openapi_yaml_is_current() -> None:
     on_disk = yaml.safe_load(OPENAPI_YAML.read_text(encoding="utf-8"))
     assert on_disk == schema, "openapi.yaml is stale: run `python -m service.openapi`"
     assert main(["--check"]) == 0
+
+
+def test_openapi_command_checks_the_file() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service.openapi", "--check"],
+        cwd=OPENAPI_YAML.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_server_without_keys_serves_a_schema_without_security() -> None:

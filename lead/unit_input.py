@@ -29,7 +29,7 @@ from torch import Tensor
 from lead.errors import ZeroVectorError
 from lead.stitches import Stitch
 
-__all__ = ["UNIT_NORM_TOLERANCE", "expects_unit_input", "normalize_input"]
+__all__ = ["UNIT_NORM_TOLERANCE", "count_rescaled", "expects_unit_input", "normalize_input"]
 
 #: A row whose L2 norm is within this of 1 counts as unit length and is passed unchanged
 #: (the tolerance :func:`lead.fit_stitch` uses to record a side as normalised).
@@ -54,6 +54,39 @@ def expects_unit_input(stitch: Stitch, *, inverse: bool = False) -> bool:
     """
     info = stitch.info
     return bool(info.target_normalized if inverse else info.source_normalized)
+
+
+def _working(x: Tensor) -> Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _off_unit(work: Tensor) -> Tensor:
+    """(n, 1) bool: the rows whose L2 norm differs from 1 by more than the tolerance."""
+    norm = torch.linalg.vector_norm(work, dim=1, keepdim=True)
+    off: Tensor = ~((norm - 1).abs() <= UNIT_NORM_TOLERANCE)  # NaN and infinity count as off
+    return off
+
+
+def count_rescaled(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> int:
+    """How many rows of ``x`` :func:`normalize_input` would rescale (without scaling).
+
+    Parameters
+    ----------
+    stitch : Stitch
+        The stitch about to run on ``x``.
+    x : Tensor of shape (n, d)
+        Input vectors, floating.
+    inverse : bool, default False
+        Whether the stitch runs backwards.
+
+    Returns
+    -------
+    int
+        The ``rescaled`` that :func:`normalize_input` returns for the same arguments.
+    """
+    if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
+        return 0
+    return int(_off_unit(_working(x)).sum())
 
 
 def normalize_input(
@@ -99,9 +132,8 @@ def normalize_input(
     """
     if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
         return x, 0
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    norm = torch.linalg.vector_norm(work, dim=1, keepdim=True)
-    off = ~((norm - 1).abs() <= UNIT_NORM_TOLERANCE)  # NaN and infinity count as off
+    work = _working(x)
+    off = _off_unit(work)
     rescaled = int(off.sum())
     if rescaled == 0:
         return x, 0

@@ -8,6 +8,7 @@ loads the configured stitches onto the configured device (in a background thread
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import lead
+from service.batcher import MicroBatcher
 from service.errors import install_error_handlers
 from service.jobs.manager import JobManager
 from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
@@ -98,10 +100,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if jobs is not None:
             await run_in_threadpool(jobs.start)
             app.state.jobs = jobs
+        gc.freeze()  # the start-up's objects (see service.loader): the collector skips them
         try:
             yield
         finally:
             registry.closed.set()
+            app.state.batcher.close()
             if jobs is not None:
                 await run_in_threadpool(jobs.stop)
 
@@ -118,7 +122,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.limiter = ConcurrencyLimiter(settings.max_concurrent_requests, "translate")
+    app.state.limiter = ConcurrencyLimiter(
+        settings.max_translate_bytes_in_flight, "translate", "body bytes"
+    )
+    app.state.batcher = MicroBatcher(
+        max_vectors=settings.batch_max_vectors,
+        max_wait_s=settings.batch_wait_ms / 1000,
+        torch_threads=settings.torch_threads,
+        metrics=app.state.metrics,
+    )
     app.state.align_limiter = ConcurrencyLimiter(settings.max_concurrent_align, "align")
     install_error_handlers(app)
     include_routers(app)

@@ -7,11 +7,13 @@ dependency in the thread pool, a thread hand-off per dependency per request.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from lead.errors import NotReadyError, UnsupportedMediaTypeError
+from service.batcher import MicroBatcher
 from service.limits import ConcurrencyLimiter
 from service.observability import Metrics
 from service.registry import StitchRegistry
@@ -23,11 +25,14 @@ __all__ = [
     "MetricsDep",
     "RegistryDep",
     "SettingsDep",
+    "TranslateContext",
+    "TranslateContextDep",
     "get_align_limiter",
     "get_limiter",
     "get_metrics",
     "get_registry",
     "get_settings",
+    "get_translate_context",
     "require_json",
 ]
 
@@ -60,6 +65,26 @@ async def get_registry(request: Request) -> StitchRegistry:
     return registry
 
 
+@dataclass(frozen=True)
+class TranslateContext:
+    """What the translate route needs, in one dependency: FastAPI's dependency solving
+    costs ~20 µs per dependency per request, a fifth of the server's time on single
+    vectors before this."""
+
+    settings: Settings
+    registry: StitchRegistry
+    metrics: Metrics
+    limiter: ConcurrencyLimiter
+    batcher: MicroBatcher
+
+
+async def get_translate_context(request: Request) -> TranslateContext:
+    state = request.app.state
+    return TranslateContext(
+        state.settings, await get_registry(request), state.metrics, state.limiter, state.batcher
+    )
+
+
 async def require_json(request: Request) -> None:
     """Refuse (415) a request whose ``Content-Type`` is not ``application/json`` (or
     ``application/*+json``); a missing header is refused too.
@@ -80,6 +105,7 @@ async def require_json(request: Request) -> None:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+TranslateContextDep = Annotated[TranslateContext, Depends(get_translate_context)]
 LimiterDep = Annotated[ConcurrencyLimiter, Depends(get_limiter)]
 AlignLimiterDep = Annotated[ConcurrencyLimiter, Depends(get_align_limiter)]
 RegistryDep = Annotated[StitchRegistry, Depends(get_registry)]

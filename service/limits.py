@@ -316,36 +316,46 @@ class BodyLimitMiddleware:
 
 
 class ConcurrencyLimiter:
-    """At most ``limit`` holders at once; one more is refused at once, never queued.
+    """Work in flight bounded by ``limit``; a request beyond it is refused at once, never
+    queued.
 
-    ``what`` names the requests in the refusal (``"translate"``, ``"align"``). Single event
-    loop only (the counter is not locked: it is changed between awaits).
+    Each holder weighs ``weight`` units (1 by default: ``limit`` counts requests; the
+    translate route weighs its body bytes). A request is always admitted when nothing is in
+    flight, so one larger than ``limit`` is served alone rather than never. ``what`` names
+    the requests in the refusal (``"translate"``, ``"align"``), ``unit`` the limit. Single
+    event loop only (the counters are not locked: they change between awaits).
     """
 
-    def __init__(self, limit: int, what: str = "") -> None:
+    def __init__(self, limit: int, what: str = "", unit: str = "") -> None:
         self.limit = limit
         self.what = what
-        self.in_flight = 0
+        self.unit = unit
+        self.in_flight = 0  # holders
+        self.held = 0  # their weight
 
-    def try_acquire(self) -> bool:
-        if self.in_flight >= self.limit:
+    def try_acquire(self, weight: int = 1) -> bool:
+        if self.in_flight and self.held + weight > self.limit:
             return False
         self.in_flight += 1
+        self.held += weight
         return True
 
-    def release(self) -> None:
+    def release(self, weight: int = 1) -> None:
         self.in_flight -= 1
+        self.held -= weight
 
     @asynccontextmanager
-    async def slot(self, retry_after: int = 1) -> AsyncIterator[None]:
-        """Hold a slot for the body of the ``async with``; raise OverloadedError when full."""
-        if not self.try_acquire():
+    async def slot(self, retry_after: int = 1, weight: int = 1) -> AsyncIterator[None]:
+        """Hold ``weight`` for the body of the ``async with``; raise OverloadedError when
+        it does not fit."""
+        if not self.try_acquire(weight):
             requests = f"{self.what} requests" if self.what else "requests"
+            limit = f"{self.limit} {self.unit}".rstrip()
             raise OverloadedError(
-                f"too many {requests} in flight (limit {self.limit}); retry shortly",
+                f"too many {requests} in flight (limit {limit}); retry shortly",
                 retry_after=retry_after,
             )
         try:
             yield
         finally:
-            self.release()
+            self.release(weight)

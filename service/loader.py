@@ -9,6 +9,7 @@ recorded in the registry, never skipped silently.
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 from dataclasses import dataclass
@@ -139,3 +140,7 @@ def load_stitches(registry: StitchRegistry, refs: list[StitchRef]) -> None:
                 )
     finally:
         registry.finish_loading()
+        # Everything loaded so far lives as long as the server: out of the collector's sight,
+        # so that a full collection walks only what requests allocate (~110 ms every few
+        # seconds under load otherwise: the p99 of single-vector requests).
+        gc.freeze()

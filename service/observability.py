@@ -26,6 +26,7 @@ __all__ = ["Metrics", "RequestContextMiddleware", "configure_logging", "new_requ
 
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -60,6 +61,19 @@ class Metrics:
             "lead_vectors_translated_total",
             "Vectors translated, by stitch id (each stitch of a chain counts).",
             ("stitch",),
+            registry=self.registry,
+        )
+        self.batch_vectors = Histogram(
+            "lead_microbatch_vectors",
+            "Vectors per forward run by the micro-batcher (requests of at most "
+            "batch_max_vectors vectors).",
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_requests = Histogram(
+            "lead_microbatch_requests",
+            "Requests sharing one forward of the micro-batcher.",
+            buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )
         self.stitches = Gauge(

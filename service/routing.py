@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from lead.batch_invariance import forward_batch_invariant
 from lead.errors import NonFiniteOutputError, StitchFormatError, ZeroVectorError
 from lead.stitches import Stitch, oriented, unit_rows
-from lead.unit_input import expects_unit_input, normalize_input
+from lead.unit_input import count_rescaled, expects_unit_input, normalize_input
 
 __all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
 
@@ -87,6 +88,10 @@ class Route:
             oriented(entry.stitch, inverse=True, name=entry.id, param="direction")
 
     @property
+    def stitches(self) -> tuple[Stitch, ...]:
+        return tuple(entry.stitch for entry in self.entries)
+
+    @property
     def is_chain(self) -> bool:
         return len(self.entries) > 1
 
@@ -117,8 +122,16 @@ class Route:
         unit-length vectors of the route's source model)."""
         return expects_unit_input(self.entries[0].stitch, inverse=self.inverse)
 
-    def translate(self, x: np.ndarray, *, normalize: bool = False) -> tuple[np.ndarray, int]:
-        """Apply the stitch (or chain) to ``x``.
+    def rescaled(self, x: np.ndarray) -> int:
+        """How many rows of ``x`` the route scales to unit length before its first stitch
+        (0 unless :attr:`input_normalized`)."""
+        first = self.entries[0].stitch
+        return count_rescaled(first, torch.from_numpy(x), inverse=self.inverse)
+
+    def translate(self, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+        """Apply the stitch (or chain) to ``x``, batch-invariantly: each output row is
+        bit-identical whatever the other rows of ``x`` and the thread count
+        (:func:`lead.batch_invariance.forward_batch_invariant`).
 
         Parameters
         ----------
@@ -129,9 +142,7 @@ class Route:
 
         Returns
         -------
-        y : ndarray of shape (n, d_tgt), float32, finite
-        rescaled : int
-            How many rows of ``x`` were scaled to unit length (:attr:`input_normalized`).
+        ndarray of shape (n, d_tgt), float32, finite
 
         Raises
         ------
@@ -140,12 +151,11 @@ class Route:
         NonFiniteOutputError
             If any output row has NaN or infinity (the row is named).
         """
-        rescaled = 0
         with torch.inference_mode():
             y = torch.from_numpy(x).to(device=self.device)
             for hop, entry in enumerate(self.entries):
                 try:
-                    y, count = normalize_input(entry.stitch, y, inverse=self.inverse)
+                    y, _ = normalize_input(entry.stitch, y, inverse=self.inverse)
                 except ZeroVectorError as error:
                     if hop == 0:
                         raise
@@ -156,8 +166,8 @@ class Route:
                         row=error.row,
                         param=f"input[{error.row}]",
                     ) from None
-                rescaled = count if hop == 0 else rescaled
-                y = oriented(entry.stitch, inverse=self.inverse)[0](y.to(self.dtype))
+                run = oriented(entry.stitch, inverse=self.inverse)[0]
+                y = forward_batch_invariant(run, y.to(self.dtype))
             if normalize:
                 y = unit_rows(y)
             out: np.ndarray = y.to(dtype=torch.float32).cpu().numpy()
@@ -168,7 +178,7 @@ class Route:
                 "(are its values far outside the source model's range?)",
                 param=f"input[{row}]",
             )
-        return out, rescaled
+        return out
 
 
 def probe_stitch(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> None:

@@ -233,7 +233,9 @@ class StitchDeleted(BaseModel):
 class LimitsOut(BaseModel):
     max_vectors_per_request: int = Field(description="Vectors in one translate request.")
     max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
-    max_concurrent_requests: int = Field(description="Translate requests computed at once.")
+    max_translate_bytes_in_flight: int = Field(
+        description="Translate request body bytes worked on at once (beyond it 429)."
+    )
     max_concurrent_align: int = Field(description="Align requests computed at once.")
     max_dataset_bytes: int = Field(description="Bytes of an uploaded dataset file.")
     max_dataset_rows: int = Field(description="Pairs in an uploaded dataset.")

@@ -122,8 +122,32 @@ class Settings(BaseSettings):
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
-    max_concurrent_requests: int = Field(
-        default=16, ge=1, description="Translate requests in flight; beyond it 429."
+    max_translate_bytes_in_flight: int = Field(
+        default=128 * 1024 * 1024,
+        ge=1,
+        description="Translate work admitted at once, counted in request body bytes (being "
+        "decoded, waiting for or in a forward); a request beyond it gets 429 with Retry-After. "
+        "A request is always admitted when none is in flight. Bytes rather than requests: "
+        "many single-vector callers (a few KB each) are served together, a few bulk ones bound "
+        "the memory.",
+    )
+    micro_batching: bool = Field(
+        default=True,
+        description="Gather concurrent small translate requests for the same route into one "
+        "forward (answers are bit-identical either way; a lone request waits for nothing).",
+    )
+    batch_max_vectors: int = Field(
+        default=256,
+        ge=1,
+        description="The most vectors in one micro-batched forward; requests with more "
+        "vectors run alone.",
+    )
+    batch_wait_ms: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description="The longest a micro-batch waits for translate requests already on their "
+        "way (milliseconds); 0 batches only the requests already waiting.",
     )
     body_timeout_seconds: float = Field(
         default=30.0,

@@ -23,7 +23,7 @@ async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
         limits=LimitsOut(
             max_vectors_per_request=settings.max_vectors,
             max_body_bytes=settings.max_body_bytes,
-            max_concurrent_requests=settings.max_concurrent_requests,
+            max_translate_bytes_in_flight=settings.max_translate_bytes_in_flight,
             max_concurrent_align=settings.max_concurrent_align,
             max_dataset_bytes=settings.max_dataset_bytes,
             max_dataset_rows=settings.max_dataset_rows,

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from lead.errors import InvalidInputError
 from service.compact_base64 import decode_compact_base64, split_compact_base64
-from service.deps import LimiterDep, MetricsDep, RegistryDep, SettingsDep, require_json
+from service.deps import TranslateContextDep, require_json
 from service.encoding import (
     check_vector_count,
     decode_vectors,
@@ -41,6 +41,10 @@ from service.settings import Settings
 __all__ = ["OPENAPI_MODELS", "router"]
 
 router = APIRouter(tags=["translate"])
+
+#: Requests declaring a body of at most this many bytes (a few dozen vectors) are decoded
+#: on the event loop and micro-batched; larger ones run whole in a worker thread.
+SMALL_BODY_BYTES = 64 * 1024
 
 _B64_EXAMPLE = "AACAPwAAAEAAAEBAAACAQA=="  # [1, 2, 3, 4] as little-endian float32
 
@@ -180,28 +184,30 @@ async def _read_body(request: Request) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _translate(
-    body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
-) -> bytes:
-    """Parse, decode, translate and serialise one request (runs in a worker thread)."""
-    if torch.get_num_threads() != settings.torch_threads:
-        # OpenMP keeps a thread count per calling thread: set it in this worker too.
-        torch.set_num_threads(settings.torch_threads)
-    x = None
+def _decode(
+    body: bytes, registry: StitchRegistry, settings: Settings
+) -> tuple[TranslateOptions, Route, np.ndarray]:
+    """The request's options, its route and ``input`` as one float32 array."""
     split = split_compact_base64(body)
     if split is not None:  # the fields parse without the input array; one decode for it
         options, _ = _parse_options(split.fields)
         route = _find_route(registry, options)
         x = decode_compact_base64(split, route.d_src, settings.max_vectors)
-    if x is None:
-        # before parsing (the compact path above counts as it decodes): the middleware
-        # leaves translate bodies to this, off the compact base64 hot path
-        refuse_too_many_vectors(body, VectorLimit(settings.max_vectors, "input", "in one request"))
-        payload = _parse_json(body)
-        options, items = _parse_options(payload)
-        route = _find_route(registry, options)
-        x = _decode_input(body, payload, items, route.d_src, settings.max_vectors)
-    y, rescaled = route.translate(x, normalize=options.normalize)
+        if x is not None:
+            return options, route, x
+    # before parsing (the compact path above counts as it decodes): the middleware
+    # leaves translate bodies to this, off the compact base64 hot path
+    refuse_too_many_vectors(body, VectorLimit(settings.max_vectors, "input", "in one request"))
+    payload = _parse_json(body)
+    options, items = _parse_options(payload)
+    route = _find_route(registry, options)
+    return options, route, _decode_input(body, payload, items, route.d_src, settings.max_vectors)
+
+
+def _render(
+    options: TranslateOptions, route: Route, x: np.ndarray, y: np.ndarray, metrics: Metrics
+) -> bytes:
+    """The response body for ``y``, the translation of ``x``."""
     ids = [entry.id for entry in route.entries]
     rest = {
         "model": route.target_model,
@@ -212,7 +218,7 @@ def _translate(
             "models": route.models,
         },
         "input_normalized": route.input_normalized,
-        "rescaled_inputs": rescaled,
+        "rescaled_inputs": route.rescaled(x),
         "usage": {"vectors": len(y)},
     }
     # {"object": "list", "data": [...], **rest}, with the (large) data array pre-rendered
@@ -221,6 +227,25 @@ def _translate(
     for stitch_id in ids:
         metrics.vectors.labels(stitch_id).inc(len(y))
     return content
+
+
+def _translate(
+    body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
+) -> bytes:
+    """Decode, translate and render a large request in one go (in a worker thread)."""
+    if torch.get_num_threads() != settings.torch_threads:
+        # OpenMP keeps a thread count per calling thread: set it in this worker too.
+        torch.set_num_threads(settings.torch_threads)
+    options, route, x = _decode(body, registry, settings)
+    y = route.translate(x, normalize=options.normalize)
+    return _render(options, route, x, y, metrics)
+
+
+def _is_small(request: Request, settings: Settings) -> bool:
+    """Whether the request declares a body small enough for the event loop (and so for
+    the micro-batcher)."""
+    length = request.headers.get("content-length", "")
+    return settings.micro_batching and length.isdigit() and int(length) <= SMALL_BODY_BYTES
 
 
 @router.post(
@@ -233,10 +258,7 @@ def _translate(
 )
 async def translate(
     request: Request,
-    registry: RegistryDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-    limiter: LimiterDep,
+    ctx: TranslateContextDep,
 ) -> Response:
     """Translate `input` with the stitch named by `stitch`, or by `source_model` +
     `target_model` (through the shortest chain of stitches when no direct one exists,
@@ -249,9 +271,20 @@ async def translate(
     """
     # Read the body first: the limiter guards compute, and a slow client must not hold a
     # slot (the body limit middleware times the read out with 408).
-    body = await _read_body(request)
-    async with limiter.slot(settings.retry_after_seconds):
-        content = await run_in_threadpool(_translate, body, registry, settings, metrics)
+    settings, registry, metrics, limiter = ctx.settings, ctx.registry, ctx.metrics, ctx.limiter
+    if not _is_small(request, settings):
+        body = await _read_body(request)
+        async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
+            content = await run_in_threadpool(_translate, body, registry, settings, metrics)
+        return Response(content, media_type="application/json")
+    # Small: decoded and rendered on the event loop (a thread hand-off would cost more than
+    # either), the forward shared with concurrent requests (service.batcher).
+    with ctx.batcher.arriving():
+        body = await _read_body(request)
+    async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
+        options, route, x = _decode(body, registry, settings)
+        y = await ctx.batcher.translate(route, x, normalize=options.normalize)
+        content = _render(options, route, x, y, metrics)
     return Response(content, media_type="application/json")
 
 

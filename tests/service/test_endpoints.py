@@ -20,7 +20,7 @@ def test_info(make_client: Any) -> None:
     client = make_client(
         max_vectors=100,
         max_body_bytes=1_000_000,
-        max_concurrent_requests=3,
+        max_translate_bytes_in_flight=3,
         max_concurrent_align=2,
         max_dataset_bytes=5_000_000,
         max_dataset_rows=9_000,
@@ -39,7 +39,7 @@ def test_info(make_client: Any) -> None:
         "limits": {
             "max_vectors_per_request": 100,
             "max_body_bytes": 1_000_000,
-            "max_concurrent_requests": 3,
+            "max_translate_bytes_in_flight": 3,
             "max_concurrent_align": 2,
             "max_dataset_bytes": 5_000_000,
             "max_dataset_rows": 9_000,

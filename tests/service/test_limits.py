@@ -27,8 +27,9 @@ def test_over_the_concurrency_limit_is_429(
         stitches=[str(fitted.folder("minilm-to-mpnet"))],
         device="cpu",
         load_in_background=False,
-        max_concurrent_requests=1,
+        max_translate_bytes_in_flight=1,
         retry_after_seconds=2,
+        micro_batching=False,  # every forward in a worker thread, where the test holds it
     )
     app = create_app(settings)
     release = threading.Event()
@@ -114,7 +115,7 @@ def test_stalled_bodies_hold_no_slot_and_time_out_with_408(fitted: Any, queries:
         stitches=[str(fitted.folder("minilm-to-mpnet"))],
         device="cpu",
         load_in_background=False,
-        max_concurrent_requests=1,
+        max_translate_bytes_in_flight=1,
         body_timeout_seconds=0.5,
     )
     app = create_app(settings)

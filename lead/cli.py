@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from lead._options import parse_option_items
+from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -376,7 +377,8 @@ def _translate(args: argparse.Namespace) -> int:
                     param=f"input[{row}]",
                 ) from None
             rescaled += count
-            out = run(x.to(dtype=param.dtype))
+            # the same bytes as the service answers, whatever --batch-size
+            out = forward_batch_invariant(run, x.to(dtype=param.dtype))
             if not bool(torch.isfinite(out).all()):
                 raise NonFiniteOutputError(f"the stitch produced NaN or infinity near row {start}")
             writer.write(out.float().cpu().numpy())

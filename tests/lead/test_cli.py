@@ -180,6 +180,11 @@ def test_translate_streams_the_whole_file(
     # an existing --output is kept unless --force, as lead fit keeps an existing --out
     assert main(args) == 2
     assert f"--output {target} exists already; pass --force" in capsys.readouterr().err
+    # the same bytes whatever --batch-size (batch-invariant forwards)
+    assert main([*args[:-1], "100", "--force"]) == 0
+    capsys.readouterr()
+    again = np.load(target) if output.endswith(".npy") else load_file(target)["embeddings"]
+    assert again.tobytes() == got.tobytes()
     assert main([*args, "--force"]) == 0
 
 

@@ -26,8 +26,8 @@ def _free_port() -> int:
 class BenchServer:
     """``uvicorn service.app:create_app --factory`` serving ``stitches`` on 127.0.0.1.
 
-    Limits are raised for the bench: 8,192+ vectors per request, 1 GiB bodies, 64 requests
-    in flight (the clients never exceed it, so no 429s distort the figures). Jobs are off (a
+    Limits are raised for the bench: 8,192+ vectors per request, 1 GiB bodies, 2 GiB of
+    bodies in flight (the clients never exceed it, so no 429s distort the figures). Jobs are off (a
     translation-only replica); everything else, torch threads included, is the default.
     """
 
@@ -50,7 +50,7 @@ class BenchServer:
             "LEAD_DEVICE": "cpu",
             "LEAD_MAX_VECTORS": str(self.max_vectors),
             "LEAD_MAX_BODY_BYTES": str(1 << 30),
-            "LEAD_MAX_CONCURRENT_REQUESTS": "64",
+            "LEAD_MAX_TRANSLATE_BYTES_IN_FLIGHT": str(1 << 31),
             "LEAD_DATA_DIR": str(TMP / "lead-data"),
             "LEAD_LOAD_IN_BACKGROUND": "false",
             # a translation-only replica: no job runner process beside the server

@@ -29,7 +29,14 @@ from torch import Tensor
 from lead.errors import ZeroVectorError
 from lead.stitches import Stitch
 
-__all__ = ["UNIT_NORM_TOLERANCE", "count_rescaled", "expects_unit_input", "normalize_input"]
+__all__ = [
+    "UNIT_NORM_TOLERANCE",
+    "count_rescaled",
+    "expects_unit_input",
+    "normalize_input",
+    "scale_to_unit",
+    "zero_vector_error",
+]
 
 #: A row whose L2 norm is within this of 1 counts as unit length and is passed unchanged
 #: (the tolerance :func:`lead.fit_stitch` uses to record a side as normalised).
@@ -89,6 +96,50 @@ def count_rescaled(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> int:
     return int(_off_unit(_working(x)).sum())
 
 
+def zero_vector_error(row: int, param: str = "input") -> ZeroVectorError:
+    """The error for row ``row`` of ``param``, all zeros, met by a unit-input stitch."""
+    return ZeroVectorError(
+        f"{param}[{row}] is a zero vector: the stitch was fitted on unit-length vectors "
+        "and scales each input to unit length, which a vector without a direction cannot "
+        "have",
+        row=row,
+        param=f"{param}[{row}]",
+    )
+
+
+def scale_to_unit(
+    stitch: Stitch, x: Tensor, *, inverse: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`normalize_input` without a host synchronisation (for forwards on a GPU).
+
+    Every row is scaled in the same vectorised pass and nothing is read back, so the
+    caller checks the returned mask once the result is on the host anyway.
+
+    Parameters
+    ----------
+    stitch, x, inverse
+        As :func:`normalize_input`.
+
+    Returns
+    -------
+    x : Tensor of shape (n, d)
+        The rows :func:`normalize_input` rescales, rescaled bit for bit the same; the
+        others unchanged (zero rows too).
+    zero : Tensor of shape (n,), bool, or None
+        On ``x``'s device: the rows :func:`normalize_input` would refuse as zero vectors
+        (see :func:`zero_vector_error`); None when the stitch takes inputs of any length.
+    """
+    if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
+        return x, None
+    work = _working(x)
+    off = _off_unit(work)
+    peak = work.abs().amax(dim=1, keepdim=True)
+    zero = peak < torch.finfo(work.dtype).tiny
+    scaled = work / torch.where(zero, 1.0, peak)
+    unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    return torch.where(off & ~zero, unit, work).to(x.dtype), zero.flatten()
+
+
 def normalize_input(
     stitch: Stitch, x: Tensor, *, inverse: bool = False, param: str = "input"
 ) -> tuple[Tensor, int]:
@@ -140,14 +191,7 @@ def normalize_input(
     peak = work.abs().amax(dim=1, keepdim=True)
     zero = peak < torch.finfo(work.dtype).tiny
     if bool(zero.any()):
-        row = int(zero.flatten().nonzero()[0])
-        raise ZeroVectorError(
-            f"{param}[{row}] is a zero vector: the stitch was fitted on unit-length vectors "
-            "and scales each input to unit length, which a vector without a direction cannot "
-            "have",
-            row=row,
-            param=f"{param}[{row}]",
-        )
+        raise zero_vector_error(int(zero.flatten().nonzero()[0]), param)
     scaled = work / peak
     unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
     return torch.where(off, unit, work).to(x.dtype), rescaled

@@ -1,0 +1,248 @@
+"""Query-time latency: single-vector translate requests, one client and 64 at once.
+
+Standalone (no ``../shared`` needed; the bundled stitches, default limits, jobs off)::
+
+    .venv/bin/python -m bench.latency                  # this checkout only
+    .venv/bin/python -m bench.latency --baseline 5359b85   # and a git revision, side by side
+
+With ``--baseline`` the revision's ``service/`` and ``lead/`` are exported (``git
+archive``) and both servers are measured in alternating rounds in one run, so that the
+ratios hold on a shared, noisy machine. Each round, against a fresh uvicorn process:
+
+* **one client**, back to back, base64 single vectors of ``minilm-to-mpnet`` (the bundled
+  MLP stitch): p50 / p99 and requests/s, with a lean keep-alive socket client (what a
+  compiled client adds: microseconds) and with ``httpx.Client`` (what a Python client adds:
+  ~0.3-0.4 ms per call);
+* **64 concurrent clients** (one asyncio process, a keep-alive connection each, each
+  sending its next request when the previous answered): total requests/s, p50 / p99, the
+  statuses (429s counted: the default admission limits apply), and the ratio of their
+  total throughput to one client's in the same round.
+
+Every answer is checked: status 200, and (first request of each client kind) the bytes
+equal to an in-process translation when the server is this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from bench.common import log, write_result
+from bench.data import REPO
+
+STITCH = "minilm-to-mpnet"
+WARMUP = 200
+
+
+def _body(seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    vector = rng.standard_normal(384).astype("<f4")
+    vector /= np.linalg.norm(vector)
+    payload = {"stitch": STITCH, "input": [base64.b64encode(vector.tobytes()).decode()]}
+    return orjson.dumps({**payload, "encoding_format": "base64"})
+
+
+def _request(body: bytes) -> bytes:
+    head = (
+        "POST /v1/translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _split_response(buffer: bytes) -> tuple[int, bytes, bytes] | None:
+    """(status, body, rest) of the first whole response in ``buffer``, else None."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buffer[:end].split(b"\r\n")
+    length = next(int(h.split(b":")[1]) for h in head if h.lower().startswith(b"content-length"))
+    if len(buffer) < end + 4 + length:
+        return None
+    body = buffer[end + 4 : end + 4 + length]
+    return int(head[0].split(b" ")[1]), body, buffer[end + 4 + length :]
+
+
+def _summary(latencies: list[float], wall: float, statuses: dict[int, int]) -> dict[str, Any]:
+    ms = np.asarray(latencies) * 1000
+    return {
+        "requests": len(ms),
+        "requests_per_s": len(ms) / wall,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+def one_client_socket(port: int, request: bytes, n: int) -> tuple[dict[str, Any], bytes]:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffer, latencies, statuses, first = b"", [], {}, b""
+        start_all = 0.0
+        for i in range(WARMUP + n):
+            if i == WARMUP:
+                start_all = time.perf_counter()
+            start = time.perf_counter()
+            sock.sendall(request)
+            while (parsed := _split_response(buffer)) is None:
+                buffer += sock.recv(1 << 16)
+            status, body, buffer = parsed
+            if i >= WARMUP:
+                latencies.append(time.perf_counter() - start)
+                statuses[status] = statuses.get(status, 0) + 1
+            first = first or body
+        return _summary(latencies, time.perf_counter() - start_all, statuses), first
+
+
+def one_client_httpx(port: int, body: bytes, n: int) -> dict[str, Any]:
+    latencies, statuses = [], {}
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        for i in range(WARMUP + n):
+            if i == WARMUP:
+                start_all = time.perf_counter()
+            start = time.perf_counter()
+            status = client.post("/v1/translate", content=body, headers=headers).status_code
+            if i >= WARMUP:
+                latencies.append(time.perf_counter() - start)
+                statuses[status] = statuses.get(status, 0) + 1
+    return _summary(latencies, time.perf_counter() - start_all, statuses)
+
+
+async def _concurrent(port: int, request: bytes, clients: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        buffer = b""
+        while time.perf_counter() < stop:
+            start = time.perf_counter()
+            writer.write(request)
+            while (parsed := _split_response(buffer)) is None:
+                buffer += await reader.read(1 << 16)
+            status, _, buffer = parsed
+            latencies.append(time.perf_counter() - start)
+            statuses[status] = statuses.get(status, 0) + 1
+        writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return _summary(latencies, time.perf_counter() - start, statuses)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(root: Path, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "LEAD_STITCHES": orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
+        "LEAD_DEVICE": "cpu",
+        "LEAD_ENABLE_JOBS": "false",
+        "LEAD_LOAD_IN_BACKGROUND": "false",
+        "LEAD_LOG_LEVEL": "WARNING",
+        "LEAD_DATA_DIR": str(data_dir),
+    }
+    command = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory"]
+    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    proc = subprocess.Popen(command, cwd=root, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"the server in {root} was not ready in 120 s")
+
+
+def measure(root: Path, n: int, seconds: float, clients: int) -> dict[str, Any]:
+    """One round against a fresh server running the code under ``root``."""
+    body = _body()
+    request = _request(body)
+    with tempfile.TemporaryDirectory() as data_dir:
+        proc, port = _serve(root, Path(data_dir))
+        try:
+            socket_one, answer = one_client_socket(port, request, n)
+            httpx_one = one_client_httpx(port, body, n)
+            many = asyncio.run(_concurrent(port, request, clients, seconds))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    many["ratio_to_one_client"] = many["requests_per_s"] / socket_one["requests_per_s"]
+    return {
+        "one_client_socket": socket_one,
+        "one_client_httpx": httpx_one,
+        f"{clients}_clients": many,
+        "answer": orjson.loads(answer)["data"][0]["embedding"],
+    }
+
+
+def _export(revision: str, into: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "archive", revision, "service", "lead"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__)
+    parser.add_argument("--baseline", help="a git revision to measure side by side")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=3000, help="per one-client run")
+    parser.add_argument("--seconds", type=float, default=8.0, help="of the concurrent run")
+    parser.add_argument("--clients", type=int, default=64)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {"this checkout": REPO}
+        if args.baseline:
+            roots[f"baseline {args.baseline}"] = _export(args.baseline, Path(tmp))
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in roots}
+        for i in range(args.rounds):
+            for name, root in roots.items():
+                log(f"latency round {i + 1}/{args.rounds}: {name}")
+                rounds[name].append(measure(root, args.requests, args.seconds, args.clients))
+    result: dict[str, Any] = {"stitch": STITCH, "clients": args.clients, "servers": {}}
+    for name, measured in rounds.items():
+        answers = {m.pop("answer") for m in measured}
+        summary = {
+            kind: {
+                key: float(np.median([m[kind][key] for m in measured]))
+                for key in measured[0][kind]
+                if key != "statuses"
+            }
+            | {"statuses": [m[kind]["statuses"] for m in measured]}
+            for kind in measured[0]
+        }
+        result["servers"][name] = {"median_of_rounds": summary, "rounds": measured}
+        result["servers"][name]["same_answer_every_round"] = len(answers) == 1
+        log(f"{name}: " + orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    path = write_result("latency", result)
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The GPU translate path (no host read-back before the result), run on the CPU.
+
+``Route.translate`` reads nothing back between hops on a GPU (``sync_free``): the unit
+scaling flags zero rows in a mask checked once the result is on the host. The same code
+runs here on the CPU, and must give the same bytes and the same errors as the
+synchronising path. ``test_gpu_path_on_cuda`` runs it on a real device (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lead import load_stitch
+from lead.errors import ZeroVectorError
+from service.routing import Route, StitchEntry
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def _route(*ids: str, device: str = "cpu", **kwargs: Any) -> Route:
+    entries = tuple(
+        StitchEntry(i, load_stitch(MODELS / i, device=device, dtype=torch.float32)) for i in ids
+    )
+    return Route(entries, torch.device(device), **kwargs)
+
+
+def _inputs(scifact_small: Any) -> np.ndarray:
+    x = np.concatenate([scifact_small.queries["minilm"], scifact_small.corpus["minilm"][:60]])
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x[::3] *= 7.5  # off unit length: rescaled first
+    return x
+
+
+@pytest.mark.parametrize(
+    ("ids", "inverse"),
+    [
+        (("minilm-to-mpnet",), False),
+        (("minilm-to-mpnet", "mpnet-to-minilm"), False),  # a chain: scaled again in between
+        (("minilm-to-pml3-invertible",), True),
+    ],
+)
+def test_sync_free_path_gives_the_same_bytes(
+    ids: tuple[str, ...], inverse: bool, scifact_small: Any
+) -> None:
+    synced = _route(*ids, inverse=inverse, sync_free_override=False)
+    free = dataclasses.replace(synced, sync_free_override=True)
+    assert free.sync_free and not synced.sync_free
+    x = _inputs(scifact_small)
+    if inverse:
+        x = np.ascontiguousarray(_route(*ids).translate(x))  # pml3-space inputs
+        x[::3] *= 7.5
+    for normalize in (False, True):
+        expected = synced.translate(x, normalize=normalize)
+        assert free.translate(x, normalize=normalize).tobytes() == expected.tobytes()
+
+
+def test_sync_free_path_names_the_same_zero_rows(scifact_small: Any) -> None:
+    x = _inputs(scifact_small)[:10]
+    x[6] = 0.0
+    for sync_free in (False, True):
+        route = _route("minilm-to-mpnet", sync_free_override=sync_free)
+        with pytest.raises(ZeroVectorError) as raised:
+            route.translate(x)
+        assert raised.value.param == "input[6]"
+        assert "input[6] is a zero vector" in str(raised.value)
+
+
+@pytest.mark.gpu
+def test_gpu_path_on_cuda(scifact_small: Any) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    x = _inputs(scifact_small)
+    gpu = _route("minilm-to-mpnet", device="cuda")
+    assert gpu.sync_free
+    y = gpu.translate(x)
+    np.testing.assert_allclose(y, _route("minilm-to-mpnet").translate(x), atol=1e-4)
+    # batch-invariant on the device too: fixed tiles
+    alone = np.concatenate([gpu.translate(x[i : i + 1]) for i in range(32)])
+    assert alone.tobytes() == y[:32].tobytes()

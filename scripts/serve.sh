@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh service
-exec .venv/bin/uvicorn service.app:create_app --factory --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}"
+exec .venv/bin/uvicorn service.app:create_app --factory --host "${HOST:-127.0.0.1}" \
+  --port "${PORT:-8000}" --workers "${LEAD_WORKERS:-1}"

@@ -164,6 +164,15 @@ class Settings(BaseSettings):
         "run concurrently, one forward per worker thread, so 1 avoids oversubscribing the cores; "
         "raise it for lower latency of single large batches on an idle many-core CPU.",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Server processes (`scripts/serve.sh` passes it to `uvicorn --workers`), "
+        "each with its own copy of the stitches and its own micro-batcher. More than 1 needs "
+        "`LEAD_ENABLE_JOBS=false`: job records and trained stitches live in one process. On 2 "
+        "cores shared with the clients, 2 workers measured no faster than 1 (bench/latency.py); "
+        "on a many-core machine they take the HTTP work off one event loop.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Level of the `lead` loggers."
     )
@@ -234,6 +243,15 @@ class Settings(BaseSettings):
                     "list each key once, with one scope"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _one_process_for_jobs(self) -> Settings:
+        if self.workers > 1 and self.enable_jobs:
+            raise ValueError(
+                f"workers={self.workers} needs enable_jobs=false (LEAD_ENABLE_JOBS=false): "
+                "training jobs, their records and their stitches belong to one process"
+            )
+        return self
 
     @field_validator("device")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from service_helpers import b64
 
 import service.loader as loader_module
@@ -70,6 +71,14 @@ def test_device_selection() -> None:
             resolve_device("cuda")
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             create_app(Settings(device="cuda:1", stitches=[]))
+
+
+def test_several_workers_need_jobs_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAD_WORKERS", "2")
+    with pytest.raises(ValidationError, match="needs enable_jobs=false"):
+        Settings()
+    monkeypatch.setenv("LEAD_ENABLE_JOBS", "false")
+    assert Settings().workers == 2
 
 
 def _broken_copy(fitted: Any, tmp_path: Path) -> Path:

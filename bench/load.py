@@ -20,7 +20,8 @@ The vectors are the real embeddings in ``tests/fixtures/everyday_sentences.safet
 (80 sentences, tiled for the batch). Reported per kind: requests, status counts, p50 /
 p99 latency; overall: 5xx count, dropped connections (transport errors) and any 4xx
 that a good request got. Written to ``bench/results/load.json``. 429 answers (the
-admission limit at work: 16 translations in flight by default) are counted, not errors; the
+admission limit at work: 128 MiB of translate bodies in flight by default) are counted, not
+errors; the
 client then waits the ``Retry-After`` seconds, and the latencies leave them out.
 """
 
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
     stitches = sorted(p for p in (REPO / "models").iterdir() if (p / "config.json").exists())
-    env = {"LEAD_ENABLE_JOBS": "true", "LEAD_MAX_CONCURRENT_REQUESTS": "16"}
+    # the default admission limit (the bench server raises it otherwise)
+    env = {"LEAD_ENABLE_JOBS": "true", "LEAD_MAX_TRANSLATE_BYTES_IN_FLIGHT": str(128 << 20)}
     with BenchServer(stitches, max_vectors=2048, env=env) as server:
         result = asyncio.run(run_load(server.url, args.clients, args.seconds))
         health = httpx.get(f"{server.url}/healthz", timeout=5).status_code

@@ -233,6 +233,12 @@ class StitchDeleted(BaseModel):
 class LimitsOut(BaseModel):
     max_vectors_per_request: int = Field(description="Vectors in one translate request.")
     max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
+    max_vectors_arrow: int = Field(
+        description="Vectors in one translate request whose body is an Arrow IPC stream."
+    )
+    max_body_bytes_arrow: int = Field(
+        description="Bytes of a translate request body that is an Arrow IPC stream."
+    )
     max_concurrent_requests: int = Field(description="Translate requests computed at once.")
     max_concurrent_align: int = Field(description="Align requests computed at once.")
     max_dataset_bytes: int = Field(description="Bytes of an uploaded dataset file.")

@@ -166,7 +166,7 @@ def _compressed(message: pa.ipc.Message) -> bool:
     buf = message.metadata.to_pybytes()
     try:
         header = _subtable(buf, struct.unpack_from("<I", buf, 0)[0], 2)
-        if message.type == "dictionary batch":
+        if message.type == "dictionary":
             header = _subtable(buf, header, 1)
         return _slot(buf, header, 3) != 0
     except struct.error:
@@ -190,7 +190,7 @@ def _count_rows(body: pa.Buffer, max_vectors: int) -> pa.Schema:
     schema = pa.ipc.read_schema(message)
     rows = 0
     for message in reader:
-        if message.type not in ("record batch", "dictionary batch"):
+        if message.type not in ("record batch", "dictionary"):
             raise DecodeError(f"unexpected {message.type} message in the stream", param="body")
         if _compressed(message):
             raise DecodeError(

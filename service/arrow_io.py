@@ -251,7 +251,7 @@ def _vector_column(schema: pa.Schema, d_src: int) -> int:
             got=kind.list_size,
             param=field.name,
         )
-    return index
+    return int(index)
 
 
 def _first(mask: pa.Array) -> int:
@@ -270,7 +270,8 @@ def _rows(column: pa.FixedSizeListArray, d: int, start: int) -> np.ndarray:
             f"input[{row}] holds a null value; every value must be a float32",
             param=f"input[{row}]",
         )
-    return values.to_numpy(zero_copy_only=True).reshape(-1, d)
+    rows: np.ndarray = values.to_numpy(zero_copy_only=True).reshape(-1, d)
+    return rows
 
 
 def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:

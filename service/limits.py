@@ -113,7 +113,7 @@ def _media_type(scope: Scope) -> str:
     """The request's media type: its ``Content-Type`` without parameters, lower case."""
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+            return str(value.decode("latin-1")).split(";", 1)[0].strip().lower()
     return ""
 
 

@@ -176,6 +176,12 @@ def _compressed(message: pa.ipc.Message) -> bool:
 def _count_rows(body: pa.Buffer, max_vectors: int) -> pa.Schema:
     """Walk the stream's messages: the schema first, then batches, none compressed, at
     most ``max_vectors`` rows in all, nothing after the end-of-stream marker."""
+    if body.size >= 6 and body[:6].to_pybytes() == b"ARROW1":
+        raise DecodeError(
+            "the body is an Arrow IPC file (Feather), not a stream: write it with "
+            "pyarrow.ipc.new_stream, not new_file",
+            param="body",
+        )
     source = pa.BufferReader(body)
     reader = pa.ipc.MessageReader.open_stream(source)
     try:

@@ -188,6 +188,14 @@ def _bad_offsets(x: np.ndarray) -> bytes:
     return body.replace(offsets, np.array([0, 1, 2, 1000], "<i4").tobytes())
 
 
+def _ipc_file(x: np.ndarray) -> bytes:
+    batch = pa.RecordBatch.from_pydict({"embedding": vectors(x)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 def _with_value(x: np.ndarray, row: int, value: float) -> bytes:
     x = x.copy()
     x[row, 7] = value
@@ -199,6 +207,7 @@ BAD_STREAMS: dict[str, tuple[Callable[[np.ndarray], bytes], int, str, str | None
     "empty body": (lambda x: b"", 400, "decode_error", "body"),
     "truncated": (lambda x: body_of(x)[:-500], 400, "decode_error", "body"),
     "trailing bytes": (lambda x: body_of(x) + b"junk", 400, "decode_error", "body"),
+    "ipc file": (_ipc_file, 400, "decode_error", "body"),
     "zstd batches": (_zstd, 400, "decode_error", "body"),
     "zstd dictionary": (_zstd_dictionary, 400, "decode_error", "body"),
     "bad offsets": (_bad_offsets, 400, "decode_error", "body"),

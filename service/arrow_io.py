@@ -17,17 +17,13 @@ answer carries beside ``data`` (``model``, ``stitch``, ``input_normalized``,
 
 Decoding is zero-copy (the batches are views of the body) but for one copy of the vectors
 into one writable ``(n, d_src)`` float32 array, which the stitch reads. The stream is
-read twice. First message by message: each batch's rows are counted from its metadata
-(the batch read against an empty schema, which touches no buffer), so that too many rows
-are refused before any value is decoded, and a batch whose body compression (lz4, zstd)
-is set is refused, because a few compressed bytes could claim gigabytes (float32
-embeddings hardly compress; ``Content-Encoding: gzip`` of the whole body is bounded by the
-body limit). Then with pyarrow's stream reader, each batch validated in full.
+read twice: first message by message (:func:`service._arrow_stream.check_stream`: too
+many rows and compressed batches are refused before any value is decoded), then with
+pyarrow's stream reader, each batch validated in full.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +34,8 @@ import pyarrow as pa
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from lead.errors import DecodeError, InvalidInputError, LimitExceededError, ShapeMismatchError
+from lead.errors import DecodeError, InvalidInputError, ShapeMismatchError
+from service._arrow_stream import check_stream
 from service.encoding import check_finite
 from service.schemas import TranslateOptions
 
@@ -64,7 +61,6 @@ METADATA_KEY = b"lead"
 QUERY_OPTIONS = ("stitch", "source_model", "target_model", "direction", "normalize", "strict")
 
 _BOOLEANS = {"true": True, "false": False}
-_NO_FIELDS = pa.schema([])
 
 
 @dataclass(frozen=True)
@@ -136,90 +132,6 @@ def refuse_query_options(params: Iterable[tuple[str, str]]) -> None:
                 f'carries "{key}" itself',
                 value,
             )
-
-
-def _slot(buf: bytes, table: int, slot: int) -> int:
-    """Offset of field ``slot`` within the flatbuffer table at ``table`` (0: absent)."""
-    vtable = table - struct.unpack_from("<i", buf, table)[0]
-    at = 4 + 2 * slot
-    if at >= struct.unpack_from("<H", buf, vtable)[0]:
-        return 0
-    return int(struct.unpack_from("<H", buf, vtable + at)[0])
-
-
-def _subtable(buf: bytes, table: int, slot: int) -> int:
-    at = _slot(buf, table, slot)
-    if not at:
-        raise DecodeError("an Arrow batch message without its header", param="body")
-    field = table + at
-    return field + int(struct.unpack_from("<I", buf, field)[0])
-
-
-def _compressed(message: pa.ipc.Message) -> bool:
-    """Whether a record or dictionary batch message sets its body compression.
-
-    Arrow's ``Message.fbs``: the root ``Message`` holds its header table in slot 2 (after
-    ``version`` and the union's type); a ``RecordBatch`` holds ``compression`` in slot 3,
-    a ``DictionaryBatch`` its ``RecordBatch`` in slot 1. pyarrow has verified the
-    flatbuffer when it read the message.
-    """
-    buf = message.metadata.to_pybytes()
-    try:
-        header = _subtable(buf, struct.unpack_from("<I", buf, 0)[0], 2)
-        if message.type == "dictionary":
-            header = _subtable(buf, header, 1)
-        return _slot(buf, header, 3) != 0
-    except struct.error:
-        raise DecodeError("an Arrow batch message with malformed metadata", param="body") from None
-
-
-def _count_rows(body: pa.Buffer, max_vectors: int) -> pa.Schema:
-    """Walk the stream's messages: the schema first, then batches, none compressed, at
-    most ``max_vectors`` rows in all, nothing after the end-of-stream marker."""
-    if body.size >= 6 and body[:6].to_pybytes() == b"ARROW1":
-        raise DecodeError(
-            "the body is an Arrow IPC file (Feather), not a stream: write it with "
-            "pyarrow.ipc.new_stream, not new_file",
-            param="body",
-        )
-    source = pa.BufferReader(body)
-    reader = pa.ipc.MessageReader.open_stream(source)
-    try:
-        message = reader.read_next_message() if body.size else None
-    except StopIteration:  # an end-of-stream marker and nothing before it
-        message = None
-    if message is None or message.type != "schema":
-        raise DecodeError(
-            "the body is not an Arrow IPC stream (it must start with a schema message)",
-            param="body",
-        )
-    schema = pa.ipc.read_schema(message)
-    rows = 0
-    for message in reader:
-        if message.type not in ("record batch", "dictionary"):
-            raise DecodeError(f"unexpected {message.type} message in the stream", param="body")
-        if _compressed(message):
-            raise DecodeError(
-                "compressed Arrow IPC batches (lz4, zstd) are not accepted: send the "
-                "stream uncompressed (float32 vectors hardly compress), or the whole body "
-                "with Content-Encoding: gzip",
-                param="body",
-            )
-        if message.type == "record batch":
-            rows += pa.ipc.read_record_batch(message, _NO_FIELDS).num_rows
-            if rows > max_vectors:
-                raise LimitExceededError(
-                    f"too many vectors: the Arrow stream holds {rows} rows or more; the "
-                    f"limit is {max_vectors}",
-                    limit=max_vectors,
-                    got=rows,
-                    param="input",
-                )
-    if source.tell() < body.size:
-        raise DecodeError(
-            f"{body.size - source.tell()} bytes follow the end of the Arrow stream", param="body"
-        )
-    return schema
 
 
 def _vector_column(schema: pa.Schema, d_src: int) -> int:
@@ -313,7 +225,7 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     """
     buffer = pa.py_buffer(body)
     try:
-        schema = _count_rows(buffer, max_vectors)
+        schema = check_stream(buffer, max_vectors)
         batches = list(pa.ipc.open_stream(buffer))
         for batch in batches:
             batch.validate(full=True)

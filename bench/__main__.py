@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 acceptance_rounds_n=cfg["acceptance_rounds"],
             )
         result["acceptance"] = throughput.acceptance(result)
+        result["arrow_fractions"] = throughput.arrow_fractions(result)
+        arrow = result["arrow_fractions"]
+        log(f"Arrow at batch {result['arrow_batch']}: fraction of in-process {arrow}")
         fraction_fails = not result["acceptance"]["passes"]
         write_result("throughput", {**result, "section": sec.info})
         run["sections"]["throughput"] = sec.info

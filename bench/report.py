@@ -182,6 +182,17 @@ def throughput_section(tp: Any) -> list[str]:
         "is measured again after the sweep in alternating in-process / HTTP rounds per "
         "stitch; the median fraction of those rounds is the one judged."
     )
+    if tp.get("arrow_batch"):
+        medians = ", ".join(
+            f"{stitch} {r['median_fraction']:.2f}"
+            for stitch, r in (tp.get("arrow_rounds") or {}).items()
+        )
+        lines[-1] += (
+            " Arrow: an Arrow IPC stream both ways (`application/vnd.apache.arrow.stream`, raw "
+            f"float32), at batch {tp['arrow_batch']} for the ridge 384→384 stitch and the "
+            "bundled ones"
+            + (f"; median fraction of alternating rounds: {medians}." if medians else ".")
+        )
     lines.append("")
     rows = []
     by_key: dict[tuple[str, int], dict[str, Any]] = {}
@@ -197,7 +208,7 @@ def throughput_section(tp: Any) -> list[str]:
             f"{_n(g['in']['vectors_per_s'])} ({_f(g['in']['p50_ms'], 2)} / "
             f"{_f(g['in']['p99_ms'], 2)})",
         ]
-        for enc in ("float", "base64"):
+        for enc in ("float", "base64", "arrow"):
             if enc in g:
                 h = g[enc]["http"]
                 cells += [
@@ -215,6 +226,8 @@ def throughput_section(tp: Any) -> list[str]:
             "HTTP float vec/s (p50 / p99 ms)",
             "fraction",
             "HTTP base64 vec/s (p50 / p99 ms)",
+            "fraction",
+            "HTTP Arrow vec/s (p50 / p99 ms)",
             "fraction",
         ],
         rows,
@@ -260,15 +273,12 @@ def plot_throughput(tp: Any) -> None:
             next(r for r in rows if r["batch"] == b)["in_process"]["vectors_per_s"] for b in batches
         ]
         ax.plot(batches, local, "k-o", label="in-process stitch(x)")
-        for enc, style in (("float", "C0-s"), ("base64", "C1-^")):
-            vals = [
-                r["http"]["vectors_per_s"]
-                for b in batches
-                for r in rows
-                if r["batch"] == b and r["encoding"] == enc
-            ]
-            if len(vals) == len(batches):
-                ax.plot(batches, vals, style, label=f"HTTP {enc}")
+        for enc, style in (("float", "C0-s"), ("base64", "C1-^"), ("arrow", "C2-D")):
+            points = sorted(
+                (r["batch"], r["http"]["vectors_per_s"]) for r in rows if r["encoding"] == enc
+            )
+            if points:  # Arrow: batch 8,192 only
+                ax.plot(*zip(*points, strict=True), style, label=f"HTTP {enc}")
         ax.set(
             xscale="log",
             yscale="log",

@@ -1,5 +1,9 @@
 """Translate throughput and latency: in-process stitch forward against the HTTP service.
 
+Encodings over HTTP: JSON with float arrays or base64 strings at every batch size, and
+Arrow IPC streams (``application/vnd.apache.arrow.stream``, raw float32 both ways) at
+batch 8,192 for the ridge 384→384 stitch and the bundled ones (:data:`ARROW_STITCHES`).
+
 In-process is the raw ``stitch(x)`` under ``torch.inference_mode()`` (for a ridge stitch a
 float32 matrix product, centring and L2 normalisation; the bundled MLP stitches add their
 residual MLP): the limit of this machine. HTTP is a real
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+import pyarrow as pa
 import torch
 
 from bench.common import TMP, log, percentile_ms, time_calls
@@ -39,6 +44,10 @@ RIDGE_STITCHES = {
 }
 BENCH_STITCHES = {**BUNDLED_STITCHES, **RIDGE_STITCHES}
 HEADERS = {"content-type": "application/json"}
+ARROW_HEADERS = {"content-type": "application/vnd.apache.arrow.stream"}
+#: Stitches measured with Arrow bodies: the cheapest forward of equal dimensions (ridge
+#: 384→384, where the service's own cost weighs most) and the bundled ones.
+ARROW_STITCHES = ("pml3-to-minilm-ridge", *BUNDLED_STITCHES)
 
 
 def stitch_kind(stitch_id: str) -> str:
@@ -73,7 +82,15 @@ def source_batch(stitch_id: str, batch: int) -> np.ndarray:
 
 
 def encode_body(stitch_id: str, x: np.ndarray, encoding: str) -> bytes:
-    """A translate request body as a client would send it (floats via ``tolist()``)."""
+    """A translate request body as a client would send it (floats via ``tolist()``; for
+    ``"arrow"`` an Arrow IPC stream of one batch, the stitch in :func:`request_path`)."""
+    if encoding == "arrow":
+        column = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+        batch = pa.RecordBatch.from_arrays([column], names=["embedding"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return bytes(sink.getvalue().to_pybytes())
     if encoding == "float":
         items: list[Any] = x.tolist()
     else:
@@ -81,7 +98,17 @@ def encode_body(stitch_id: str, x: np.ndarray, encoding: str) -> bytes:
     return orjson.dumps({"stitch": stitch_id, "input": items, "encoding_format": encoding})
 
 
+def request_path(stitch_id: str, encoding: str) -> tuple[str, dict[str, str]]:
+    """The path (with the query string of an Arrow request) and headers of a request."""
+    if encoding == "arrow":
+        return f"/v1/translate?stitch={stitch_id}", ARROW_HEADERS
+    return "/v1/translate", HEADERS
+
+
 def decode_response(content: bytes, encoding: str) -> np.ndarray:
+    if encoding == "arrow":
+        column = pa.ipc.open_stream(content).read_all().column("embedding").combine_chunks()
+        return np.asarray(column.flatten().to_numpy()).reshape(len(column), -1)
     data = orjson.loads(content)["data"]
     if encoding == "float":
         return np.asarray([d["embedding"] for d in data], dtype=np.float32)
@@ -97,7 +124,16 @@ class Load:
     requests: int
 
 
-def drive(url: str, body: bytes, *, concurrency: int, min_time: float, min_requests: int) -> Load:
+def drive(
+    url: str,
+    body: bytes,
+    *,
+    concurrency: int,
+    min_time: float,
+    min_requests: int,
+    path: str = "/v1/translate",
+    headers: dict[str, str] = HEADERS,
+) -> Load:
     """``concurrency`` clients (threads sharing one ``httpx.Client`` with a connection
     each) post ``body`` back to back for ``min_time`` s (and ``min_requests`` requests);
     every response must be 200 and is read in full, streamed and not kept (a load
@@ -119,7 +155,7 @@ def drive(url: str, body: bytes, *, concurrency: int, min_time: float, min_reque
                     claimed += 1
                 start = time.perf_counter()
                 try:
-                    with client.stream("POST", "/v1/translate", content=body, headers=HEADERS) as r:
+                    with client.stream("POST", path, content=body, headers=headers) as r:
                         if r.status_code != 200:
                             errors.append(f"HTTP {r.status_code}: {r.read()[:500]!r}")
                             return
@@ -178,15 +214,22 @@ def over_http(
     min_time: float,
 ) -> dict[str, Any]:
     body = encode_body(stitch_id, x, encoding)
+    path, headers = request_path(stitch_id, encoding)
     # untimed warm-up request, whose answer is checked against the in-process output
-    response = httpx.post(f"{server.url}/v1/translate", content=body, headers=HEADERS, timeout=600)
+    response = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=600)
     if response.status_code != 200:
         raise RuntimeError(f"{stitch_id} {encoding} b={len(x)}: {response.text[:500]}")
     got = decode_response(response.content, encoding)
     max_abs_diff = float(np.abs(got - expected).max())
     cpu_server, cpu_client = server.cpu_seconds(), time.process_time()
     load = drive(
-        server.url, body, concurrency=concurrency, min_time=min_time, min_requests=concurrency
+        server.url,
+        body,
+        concurrency=concurrency,
+        min_time=min_time,
+        min_requests=concurrency,
+        path=path,
+        headers=headers,
     )
     cpu_server, cpu_client = server.cpu_seconds() - cpu_server, time.process_time() - cpu_client
     return {
@@ -212,23 +255,34 @@ def run(
     in_process_time: float,
     http_time: float,
     acceptance_rounds_n: int = 3,
+    arrow_batch: int | None = 8192,
+    stitches: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Every (stitch, batch, encoding) in-process and over HTTP, in the same run; then
-    ``acceptance_rounds_n`` alternating rounds of the acceptance configuration."""
+    """Every (stitch, batch, encoding) in-process and over HTTP, in the same run (Arrow at
+    ``arrow_batch`` for :data:`ARROW_STITCHES`); then ``acceptance_rounds_n`` alternating
+    rounds of the acceptance configuration. ``stitches`` limits the run to some of
+    :data:`BENCH_STITCHES`."""
     from lead.artifacts import load_stitch
 
     folders = make_bench_stitches()
+    if stitches is not None:
+        folders = {stitch_id: folders[stitch_id] for stitch_id in stitches}
     rows: list[dict[str, Any]] = []
-    with BenchServer(list(folders.values()), max_vectors=max(max(batches), 8192)) as server:
+    most = max((*batches, arrow_batch or 0, 8192))
+    with BenchServer(list(folders.values()), max_vectors=most) as server:
         for stitch_id, folder in folders.items():
             stitch = load_stitch(folder, device="cpu", dtype=torch.float32)
-            for batch in batches:
+            arrow = arrow_batch is not None and stitch_id in ARROW_STITCHES
+            for batch in sorted({*batches, *([arrow_batch] if arrow else [])}):
                 x = source_batch(stitch_id, batch)
                 with torch.inference_mode():
                     expected = stitch(torch.from_numpy(x)).numpy()
                 local = in_process(stitch, x, in_process_time)
                 log(f"{stitch_id} b={batch} in-process {local['vectors_per_s']:,.0f} vec/s")
-                for encoding in encodings:
+                wanted = list(encodings) if batch in batches else []
+                if arrow and batch == arrow_batch:
+                    wanted.append("arrow")
+                for encoding in wanted:
                     http = over_http(
                         server,
                         stitch_id,
@@ -255,17 +309,37 @@ def run(
                             "fraction_of_in_process": fraction,
                         }
                     )
-        check = acceptance_rounds(
-            server,
-            folders,
-            rounds=acceptance_rounds_n,
-            in_process_time=in_process_time,
-            http_time=http_time,
-            concurrency=concurrency,
+        check = (
+            acceptance_rounds(
+                server,
+                folders,
+                rounds=acceptance_rounds_n,
+                in_process_time=in_process_time,
+                http_time=http_time,
+                concurrency=concurrency,
+            )
+            if acceptance_rounds_n
+            else {}
+        )
+        arrow_check = (
+            acceptance_rounds(
+                server,
+                {s: folder for s, folder in folders.items() if s in ARROW_STITCHES},
+                rounds=acceptance_rounds_n,
+                in_process_time=in_process_time,
+                http_time=http_time,
+                concurrency=concurrency,
+                batch=arrow_batch,
+                encoding="arrow",
+            )
+            if acceptance_rounds_n and arrow_batch is not None
+            else {}
         )
     return {
         "concurrency": concurrency,
         "acceptance_rounds": check,
+        "arrow_batch": arrow_batch,
+        "arrow_rounds": arrow_check,
         "in_process_min_time_s": in_process_time,
         "http_min_time_s": http_time,
         "stitches": {k: {"source": v[0], "target": v[1]} for k, v in BENCH_STITCHES.items()},
@@ -282,10 +356,12 @@ def acceptance_rounds(
     http_time: float,
     concurrency: int,
     batch: int = 1024,
+    encoding: str = "base64",
 ) -> dict[str, Any]:
-    """The acceptance configuration (base64, batch 1024) measured in ``rounds`` alternating
-    in-process / HTTP rounds per stitch; the median fraction resists a passing burst of
-    other work on the machine better than one sweep measurement."""
+    """The acceptance configuration (base64, batch 1024; or another ``encoding`` and
+    ``batch``) measured in ``rounds`` alternating in-process / HTTP rounds per stitch; the
+    median fraction resists a passing burst of other work on the machine better than one
+    sweep measurement."""
     from lead.artifacts import load_stitch
 
     out: dict[str, Any] = {}
@@ -302,7 +378,7 @@ def acceptance_rounds(
                 stitch_id,
                 x,
                 expected,
-                "base64",
+                encoding,
                 concurrency=concurrency,
                 min_time=http_time,
             )
@@ -315,7 +391,7 @@ def acceptance_rounds(
             "in_process_vectors_per_s": local_vps,
             "http_vectors_per_s": http_vps,
         }
-        log(f"acceptance {stitch_id} b={batch} base64: fractions {np.round(fractions, 3)}")
+        log(f"rounds {stitch_id} b={batch} {encoding}: fractions {np.round(fractions, 3)}")
     return out
 
 
@@ -342,4 +418,15 @@ def acceptance(result: dict[str, Any], batch: int = 1024) -> dict[str, Any]:
         "worst_by_kind": worst,
         "passes": judged is not None and judged >= 0.30,
         "source": "median of alternating rounds" if rounds else "sweep",
+    }
+
+
+def arrow_fractions(result: dict[str, Any]) -> dict[str, float]:
+    """The Arrow HTTP fraction of in-process per stitch: the median of the alternating
+    rounds when there are any, else the sweep's figure."""
+    rounds = result.get("arrow_rounds") or {}
+    return {stitch: r["median_fraction"] for stitch, r in rounds.items()} or {
+        row["stitch"]: row["fraction_of_in_process"]
+        for row in result["rows"]
+        if row["encoding"] == "arrow"
     }

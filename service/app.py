@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import lead
+from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.errors import install_error_handlers
 from service.jobs.manager import JobManager
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
         body_timeout_s=settings.body_timeout_seconds,
         path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
+        media_limits={("/v1/translate", ARROW_STREAM): settings.max_body_bytes_arrow},
         path_vectors={  # translate counts in its route, after its compact base64 path
             "/v1/align": VectorLimit(
                 2 * settings.max_align_pairs, "source", "in source and target together"

@@ -1,5 +1,6 @@
 """FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiters),
-and :func:`require_json`, the one content-type rule of every route with a JSON body.
+and :func:`require_json`, the one content-type rule of every route with a JSON body
+(:func:`require_json_or_arrow` for translate, which also takes Arrow IPC streams).
 
 All are ``async def``: they do no blocking work, and FastAPI runs a plain ``def``
 dependency in the thread pool, a thread hand-off per dependency per request.
@@ -13,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from lead.errors import NotReadyError, UnsupportedMediaTypeError
+from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.limits import ConcurrencyLimiter
 from service.observability import Metrics
@@ -33,7 +35,9 @@ __all__ = [
     "get_registry",
     "get_settings",
     "get_translate_context",
+    "media_type",
     "require_json",
+    "require_json_or_arrow",
 ]
 
 
@@ -85,6 +89,25 @@ async def get_translate_context(request: Request) -> TranslateContext:
     )
 
 
+def media_type(request: Request) -> str:
+    """The request's ``Content-Type`` without parameters, lower case ("" when missing)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _refuse(request: Request, accepted: str) -> None:
+    content_type = request.headers.get("content-type", "")
+    raise UnsupportedMediaTypeError(
+        f"Content-Type must be {accepted}, got {content_type or 'none'!r}"[:300],
+        param="Content-Type",
+    )
+
+
 async def require_json(request: Request) -> None:
     """Refuse (415) a request whose ``Content-Type`` is not ``application/json`` (or
     ``application/*+json``); a missing header is refused too.
@@ -92,15 +115,16 @@ async def require_json(request: Request) -> None:
     Declared on every route with a JSON body (``dependencies=[Depends(require_json)]``),
     so that a form or a text body gets 415 instead of a validation error.
     """
-    content_type = request.headers.get("content-type", "")
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type != "application/json" and not (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        raise UnsupportedMediaTypeError(
-            f"Content-Type must be application/json, got {content_type or 'none'!r}"[:300],
-            param="Content-Type",
-        )
+    if not _is_json(media_type(request)):
+        _refuse(request, "application/json")
+
+
+async def require_json_or_arrow(request: Request) -> None:
+    """:func:`require_json`, but an Arrow IPC stream (:data:`ARROW_STREAM`) is accepted too:
+    the rule of ``POST /v1/translate``."""
+    media = media_type(request)
+    if not _is_json(media) and media != ARROW_STREAM:
+        _refuse(request, f"application/json or {ARROW_STREAM}")
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -10,6 +10,9 @@ a body that has not arrived within ``body_timeout_s`` (a slow-loris client, or o
 body as one message (no per-piece timers, no join in the app: a 2 MB translate body comes
 in dozens of pieces). A client that disconnects first is passed on to the app (499).
 
+A path and media type may have their own limit for buffered bodies (translate with an
+Arrow IPC body carries more vectors than its JSON body may): ``media_limits``.
+
 Paths with their own byte limit (dataset uploads, which stream large files to disk) are
 not buffered: a wrapped ``receive`` raises :class:`~lead.errors.PayloadTooLargeError` or
 :class:`~lead.errors.RequestTimeoutError` (each piece within ``body_timeout_s``) into the
@@ -106,6 +109,14 @@ def _too_large(limit: int, got: int, hint: str | None = None) -> PayloadTooLarge
     )
 
 
+def _media_type(scope: Scope) -> str:
+    """The request's media type: its ``Content-Type`` without parameters, lower case."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return str(value.decode("latin-1")).split(";", 1)[0].strip().lower()
+    return ""
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -198,6 +209,8 @@ class BodyLimitMiddleware:
     instead: inline pairs too large for a job can be uploaded as a dataset).
     ``path_vectors`` maps exact paths to the vectors their JSON body may carry
     (:func:`refuse_too_many_vectors`, 422 before the app parses it).
+    ``media_limits`` maps (exact path, media type) to the limit of a buffered body of that
+    type on that path (instead of ``max_body_bytes``).
     """
 
     def __init__(
@@ -208,6 +221,7 @@ class BodyLimitMiddleware:
         body_timeout_s: float = math.inf,
         path_hints: dict[str, str] | None = None,
         path_vectors: dict[str, VectorLimit] | None = None,
+        media_limits: dict[tuple[str, str], int] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -215,14 +229,17 @@ class BodyLimitMiddleware:
         self.body_timeout_s = body_timeout_s
         self.path_hints = dict(path_hints or {})
         self.path_vectors = dict(path_vectors or {})
+        self.media_limits = dict(media_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        limit = self.path_limits.get(path, self.max_body_bytes)
         per_piece = path in self.path_limits
+        limit = self.path_limits.get(path, self.max_body_bytes)
+        if self.media_limits and not per_piece:
+            limit = self.media_limits.get((path, _media_type(scope)), limit)
         declared = _content_length(scope)
         try:
             coding = _content_coding(scope)

@@ -233,6 +233,12 @@ class StitchDeleted(BaseModel):
 class LimitsOut(BaseModel):
     max_vectors_per_request: int = Field(description="Vectors in one translate request.")
     max_body_bytes: int = Field(description="Bytes of a request body (not a dataset upload).")
+    max_vectors_arrow: int = Field(
+        description="Vectors in one translate request whose body is an Arrow IPC stream."
+    )
+    max_body_bytes_arrow: int = Field(
+        description="Bytes of a translate request body that is an Arrow IPC stream."
+    )
     max_translate_bytes_in_flight: int = Field(
         description="Translate request body bytes worked on at once (beyond it 429)."
     )

@@ -122,6 +122,18 @@ class Settings(BaseSettings):
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
+    max_vectors_arrow: int = Field(
+        default=65_536,
+        ge=1,
+        description="Vectors per translate request whose body is an Arrow IPC stream "
+        "(`application/vnd.apache.arrow.stream`: raw float32, no JSON to parse).",
+    )
+    max_body_bytes_arrow: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="Request body bytes of a translate request whose body is an Arrow IPC "
+        "stream (instead of `max_body_bytes`): 65,536 vectors of 768 float32 values are 192 MiB.",
+    )
     max_translate_bytes_in_flight: int = Field(
         default=128 * 1024 * 1024,
         ge=1,

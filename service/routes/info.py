@@ -23,6 +23,8 @@ async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
         limits=LimitsOut(
             max_vectors_per_request=settings.max_vectors,
             max_body_bytes=settings.max_body_bytes,
+            max_vectors_arrow=settings.max_vectors_arrow,
+            max_body_bytes_arrow=settings.max_body_bytes_arrow,
             max_translate_bytes_in_flight=settings.max_translate_bytes_in_flight,
             max_concurrent_align=settings.max_concurrent_align,
             max_dataset_bytes=settings.max_dataset_bytes,

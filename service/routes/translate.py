@@ -6,7 +6,11 @@ with orjson (pydantic validates only the small fields) and decoded into one floa
 :mod:`service.compact_base64`), scaled to unit length where the stitch was fitted on
 unit-length vectors, run through the stitch (or chain) in one forward under
 ``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
-are written straight into the JSON text)."""
+are written straight into the JSON text).
+
+A body of type ``application/vnd.apache.arrow.stream`` (an Arrow IPC stream, options in
+the query string) is read and answered by :mod:`service.arrow_io` around the same
+translation."""
 
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from lead.errors import InvalidInputError
+from service import arrow_io
 from service.compact_base64 import decode_compact_base64, split_compact_base64
-from service.deps import TranslateContextDep, require_json
+from service.deps import TranslateContextDep, media_type, require_json_or_arrow
 from service.encoding import (
     check_vector_count,
     decode_vectors,
@@ -69,8 +74,51 @@ _REQUEST_BODY: dict[str, Any] = {
                         },
                     },
                 },
-            }
+            },
+            arrow_io.ARROW_STREAM: {
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "An Arrow IPC stream (options in the query string). Its "
+                    "vector column is the column named `embedding`, else its only fixed-size-list "
+                    "column, of type `fixed_size_list<float32>[d_src]` without nulls; every other "
+                    "column (ids of any type) is passed through to the answer untouched. At most "
+                    "`max_vectors_arrow` rows and `max_body_bytes_arrow` bytes (GET /v1/info); "
+                    "batches must not be compressed (lz4/zstd; `Content-Encoding: gzip` is "
+                    "accepted).",
+                }
+            },
         },
+    },
+    "parameters": [
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "description": "Arrow bodies only (a JSON body carries this field itself, and "
+            "gets 422 when the query names it too): "
+            + str(TranslateOptions.model_fields[name].description),
+            "schema": schema,
+        }
+        for name, schema in (
+            ("stitch", {"type": "string"}),
+            ("source_model", {"type": "string"}),
+            ("target_model", {"type": "string"}),
+            ("direction", {"type": "string", "enum": ["forward", "inverse"], "default": "forward"}),
+            ("normalize", {"type": "boolean", "default": False}),
+            ("strict", {"type": "boolean", "default": False}),
+        )
+    ],
+}
+
+_ARROW_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The translated vectors: JSON for a JSON body; for an Arrow body an "
+        "Arrow IPC stream of the request's batches (same rows, order and other columns) whose "
+        "vector column holds `fixed_size_list<float32>[d_tgt]`, the other fields of the JSON "
+        "answer (`model`, `stitch`, `input_normalized`, `rescaled_inputs`, `usage`) being the "
+        "JSON text of its schema metadata key `lead`.",
+        "content": {arrow_io.ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}},
     }
 }
 
@@ -184,6 +232,34 @@ async def _read_body(request: Request) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def _use_torch_threads(settings: Settings) -> None:
+    if torch.get_num_threads() != settings.torch_threads:
+        # OpenMP keeps a thread count per calling thread: set it in this worker too.
+        torch.set_num_threads(settings.torch_threads)
+
+
+def _answer_fields(route: Route, rescaled: int, n: int) -> dict[str, Any]:
+    """The answer's fields beside ``data`` (``object`` aside)."""
+    ids = [entry.id for entry in route.entries]
+    return {
+        "model": route.target_model,
+        "stitch": {
+            "id": None if route.is_chain else ids[0],
+            "direction": "inverse" if route.inverse else "forward",
+            "chain": ids,
+            "models": route.models,
+        },
+        "input_normalized": route.input_normalized,
+        "rescaled_inputs": rescaled,
+        "usage": {"vectors": n},
+    }
+
+
+def _count_vectors(metrics: Metrics, route: Route, n: int) -> None:
+    for entry in route.entries:
+        metrics.vectors.labels(entry.id).inc(n)
+
+
 def _decode(
     body: bytes, registry: StitchRegistry, settings: Settings
 ) -> tuple[TranslateOptions, Route, np.ndarray]:
@@ -208,24 +284,11 @@ def _render(
     options: TranslateOptions, route: Route, x: np.ndarray, y: np.ndarray, metrics: Metrics
 ) -> bytes:
     """The response body for ``y``, the translation of ``x``."""
-    ids = [entry.id for entry in route.entries]
-    rest = {
-        "model": route.target_model,
-        "stitch": {
-            "id": None if route.is_chain else ids[0],
-            "direction": "inverse" if route.inverse else "forward",
-            "chain": ids,
-            "models": route.models,
-        },
-        "input_normalized": route.input_normalized,
-        "rescaled_inputs": route.rescaled(x),
-        "usage": {"vectors": len(y)},
-    }
+    rest = _answer_fields(route, route.rescaled(x), len(y))
     # {"object": "list", "data": [...], **rest}, with the (large) data array pre-rendered
     before, after = b'{"object":"list","data":', b"," + orjson.dumps(rest)[1:]
     content = render_embeddings(y, options.encoding_format, before=before, after=after)
-    for stitch_id in ids:
-        metrics.vectors.labels(stitch_id).inc(len(y))
+    _count_vectors(metrics, route, len(y))
     return content
 
 
@@ -233,12 +296,29 @@ def _translate(
     body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
 ) -> bytes:
     """Decode, translate and render a large request in one go (in a worker thread)."""
-    if torch.get_num_threads() != settings.torch_threads:
-        # OpenMP keeps a thread count per calling thread: set it in this worker too.
-        torch.set_num_threads(settings.torch_threads)
+    _use_torch_threads(settings)
     options, route, x = _decode(body, registry, settings)
     y = route.translate(x, normalize=options.normalize)
     return _render(options, route, x, y, metrics)
+
+
+def _translate_arrow(
+    body: bytes,
+    query: list[tuple[str, str]],
+    registry: StitchRegistry,
+    settings: Settings,
+    metrics: Metrics,
+) -> memoryview:
+    """:func:`_translate` for an Arrow IPC body: options from the query string."""
+    _use_torch_threads(settings)
+    options = arrow_io.query_options(query)
+    route = _find_route(registry, options)
+    request = arrow_io.read_vectors(body, route.d_src, settings.max_vectors_arrow)
+    y = route.translate(request.vectors, normalize=options.normalize)
+    fields = _answer_fields(route, route.rescaled(request.vectors), len(y))
+    content = arrow_io.write_vectors(request, y, fields)
+    _count_vectors(metrics, route, len(y))
+    return memoryview(content)
 
 
 def _is_small(request: Request, settings: Settings) -> bool:
@@ -253,8 +333,8 @@ def _is_small(request: Request, settings: Settings) -> bool:
     response_model=TranslateResponse,
     summary="Translate vectors into another model's space",
     openapi_extra=_REQUEST_BODY,
-    responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429, 503),
-    dependencies=[Depends(require_json)],
+    responses={**_ARROW_ANSWER, **error_responses(400, 401, 404, 408, 413, 415, 422, 429, 503)},
+    dependencies=[Depends(require_json_or_arrow)],
 )
 async def translate(
     request: Request,
@@ -268,13 +348,27 @@ async def translate(
     `"direction": "inverse"`, `target.normalized`) gets its input scaled to unit length first:
     `input_normalized` says so and `rescaled_inputs` counts the vectors that were not of unit
     length. An all-zero vector cannot be scaled: 422 `zero_vector`, naming `input[i]`.
+
+    Bulk: a body of type `application/vnd.apache.arrow.stream` (an Arrow IPC stream of
+    float32 vectors, options in the query string) is answered with an Arrow IPC stream:
+    raw float32 both ways, no JSON, up to `max_vectors_arrow` vectors per request.
     """
+    # the query string is parsed only when there is one (a cost on every single vector)
+    query = request.query_params.multi_items() if request.scope.get("query_string") else []
+    arrow = media_type(request) == arrow_io.ARROW_STREAM
+    if not arrow:
+        arrow_io.refuse_query_options(query)
     # Read the body first: the limiter guards compute, and a slow client must not hold a
     # slot (the body limit middleware times the read out with 408).
     settings, registry, metrics, limiter = ctx.settings, ctx.registry, ctx.metrics, ctx.limiter
-    if not _is_small(request, settings):
+    if arrow or not _is_small(request, settings):
         body = await _read_body(request)
         async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
+            if arrow:
+                stream = await run_in_threadpool(
+                    _translate_arrow, body, query, registry, settings, metrics
+                )
+                return Response(stream, media_type=arrow_io.ARROW_STREAM)
             content = await run_in_threadpool(_translate, body, registry, settings, metrics)
         return Response(content, media_type="application/json")
     # Small: decoded and rendered on the event loop (a thread hand-off would cost more than

@@ -20,6 +20,8 @@ def test_info(make_client: Any) -> None:
     client = make_client(
         max_vectors=100,
         max_body_bytes=1_000_000,
+        max_vectors_arrow=5_000,
+        max_body_bytes_arrow=9_000_000,
         max_translate_bytes_in_flight=3,
         max_concurrent_align=2,
         max_dataset_bytes=5_000_000,
@@ -39,6 +41,8 @@ def test_info(make_client: Any) -> None:
         "limits": {
             "max_vectors_per_request": 100,
             "max_body_bytes": 1_000_000,
+            "max_vectors_arrow": 5_000,
+            "max_body_bytes_arrow": 9_000_000,
             "max_translate_bytes_in_flight": 3,
             "max_concurrent_align": 2,
             "max_dataset_bytes": 5_000_000,

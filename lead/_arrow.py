@@ -1,0 +1,69 @@
+"""Arrow IPC streams of vectors for :meth:`lead.client.LeadClient.translate`.
+
+pyarrow is optional for ``lead``: it is imported when a stream is made or read, and its
+absence is an :class:`ImportError` that says how to install it
+(``pip install 'lead-stitch[arrow]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ARROW_STREAM", "VECTOR_COLUMN", "read_vectors", "vectors_stream"]
+
+#: The media type of an Arrow IPC stream.
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+#: The column that holds the vectors, both ways.
+VECTOR_COLUMN = "embedding"
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError as exc:
+        raise ImportError(
+            "format='arrow' needs pyarrow, which is not installed: pip install "
+            "'lead-stitch[arrow]' (or pyarrow), or use format='json'"
+        ) from exc
+    return pyarrow
+
+
+def vectors_stream(rows: np.ndarray) -> bytes:
+    """An Arrow IPC stream of one batch: column ``embedding`` of ``rows``.
+
+    Parameters
+    ----------
+    rows : ndarray of shape (n, d), float32
+        C-contiguous.
+
+    Returns
+    -------
+    bytes
+        The stream; its column is ``fixed_size_list<float32>[d]``.
+    """
+    pa = _pyarrow()
+    values = pa.array(rows.reshape(-1))
+    column = pa.FixedSizeListArray.from_arrays(values, rows.shape[1])
+    batch = pa.RecordBatch.from_arrays([column], names=[VECTOR_COLUMN])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_vectors(content: bytes) -> np.ndarray:
+    """The ``embedding`` column of an Arrow IPC stream as one array.
+
+    Returns
+    -------
+    ndarray of shape (n, d), float32
+        Writable, in the stream's row order (all batches).
+    """
+    pa = _pyarrow()
+    table = pa.ipc.open_stream(content).read_all()
+    column = table.column(VECTOR_COLUMN)
+    d = column.type.list_size
+    parts = [chunk.flatten().to_numpy().reshape(-1, d) for chunk in column.chunks]
+    return np.concatenate(parts) if parts else np.empty((0, d), np.float32)

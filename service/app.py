@@ -129,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path_limits={"/v1/datasets": settings.max_dataset_bytes + _MULTIPART_OVERHEAD},
         body_timeout_s=settings.body_timeout_seconds,
         path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
-        path_vectors={  # translate counts in its route, after its compact base64 path
+        path_vectors={  # translate's typed decoder bounds its vectors (service.translate_body)
             "/v1/align": VectorLimit(
                 2 * settings.max_align_pairs, "source", "in source and target together"
             ),

@@ -31,16 +31,12 @@ STAGES = (
         "stitch forward + output finiteness (torch)",
         r"(^Route\.translate |\(lead/stitches\.py\)|\(nn/functional\.py\)|\(torch/)",
     ),
-    (
-        "base64 input: compact fast path",
-        r"^(split_compact_base64|decode_compact_base64|CompactBase64Body) ",
-    ),
-    ("base64 decode of the input (full parse)", r"^_decode_base64 "),
+    ("base64 decode of the input", r"^_decode_base64 "),
     ("float JSON input to array", r"^_decode_floats "),
     ("finiteness checks", r"^check_finite "),
     ("output base64 + response JSON (render_embeddings)", r"^(render_embeddings|_base64_rows)"),
-    ("request JSON parse (orjson.loads)", r"^_parse_json "),
-    ("options validation / routing", r"^(_parse_options|_find_route) "),
+    ("request body decode (msgspec, typed)", r"^(decode_request|decode_body|Vectors\.items) "),
+    ("routing", r"^_find_route "),
     ("rest of the handler (_translate)", r"^_translate(\.<locals>\.<listcomp>)? \(.*translate\.py"),
     ("HTTP protocol (h11 / httptools)", r"\((.*/)?(h11|httptools)[/_]"),
     ("uvicorn / starlette / fastapi", r"\(.*(uvicorn|starlette|fastapi|anyio)/"),
@@ -188,23 +184,23 @@ def stage_breakdown(
     stitch_id: str = "minilm-to-mpnet-ridge", batch: int = 1024, encoding: str = "base64"
 ) -> dict[str, Any]:
     """Milliseconds per stage of the translate hot path, run serially in this process with
-    the service's own codec (``service.compact_base64`` for compact base64 bodies, else
-    orjson and ``service.encoding``), one request at a time, with the service's default
+    the service's own code (``service.translate_body``: the typed decode of the body, then
+    the vectors to one float32 array), one request at a time, with the service's default
     torch thread count."""
     import numpy as np
-    import orjson
     import torch
 
     from bench.common import time_calls
     from lead.artifacts import load_stitch
-    from service.compact_base64 import decode_compact_base64, split_compact_base64
     from service.encoding import decode_vectors, render_embeddings
     from service.settings import Settings
+    from service.translate_body import decode_body
 
     stitch = load_stitch(make_bench_stitches()[stitch_id], dtype=torch.float32)
     body = encode_body(stitch_id, source_batch(stitch_id, batch), encoding)
-    items = orjson.loads(body)["input"]
-    x = decode_vectors(items, stitch.d_src)
+    max_vectors = max(batch, int(Settings.model_fields["max_vectors"].default))
+    items = decode_body(body, max_vectors).input.items()
+    x = decode_vectors(items, stitch.d_src, check_bools=False)
     with torch.inference_mode():
         y = stitch(torch.from_numpy(x)).numpy()
 
@@ -214,23 +210,11 @@ def stage_breakdown(
             bool(torch.isfinite(out).all())
             out.numpy()
 
-    split = split_compact_base64(body)
-    stages: dict[str, Callable[[], Any]] = (
-        {
-            "split_compact_base64 (fields parsed, input array found)": lambda: split_compact_base64(
-                body
-            ),
-            "decode_compact_base64 (input → float32 array)": lambda: decode_compact_base64(
-                split, stitch.d_src, batch
-            ),
-        }
-        if split is not None and encoding == "base64"
-        else {
-            "orjson.loads(body)": lambda: orjson.loads(body),
-            "decode_vectors (input → float32 array)": lambda: decode_vectors(items, stitch.d_src),
-        }
-    )
-    stages |= {
+    stages: dict[str, Callable[[], Any]] = {
+        "decode_body (typed msgspec decode of the body)": lambda: decode_body(body, max_vectors),
+        "decode_vectors (input → float32 array)": lambda: decode_vectors(
+            items, stitch.d_src, check_bools=False
+        ),
         "stitch forward + finiteness + numpy": forward,
         "render_embeddings (array → response JSON)": lambda: render_embeddings(y, encoding),  # type: ignore[arg-type]
     }

@@ -300,8 +300,8 @@ def serial_stages(prof: Any) -> list[str]:
     names = list(dict.fromkeys(n for s in stages for n in s["stage_ms"]))
     lines = [
         "Serial cost of each hot-path stage for one batch-1024 request, in this process with "
-        "the service's own code (`service.compact_base64` for the compact base64 bodies, "
-        "else orjson and `service.encoding`; median ms; torch threads "
+        "the service's own code (`service.translate_body`: the typed msgspec decode, then "
+        "`service.encoding` for the vectors; median ms; torch threads "
         f"{stages[0]['torch_threads']}); the forward includes the output finiteness check "
         "and the conversion to NumPy, as `Route.translate` does:",
         "",

@@ -143,7 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body_timeout_s=settings.body_timeout_seconds,
         path_hints=dict.fromkeys(("/v1/jobs", "/v1/align"), _upload_hint(settings)),
         media_limits={("/v1/translate", ARROW_STREAM): settings.max_body_bytes_arrow},
-        path_vectors={  # translate counts in its route, after its compact base64 path
+        path_vectors={  # translate's typed decoder bounds its vectors (service.translate_body)
             "/v1/align": VectorLimit(
                 2 * settings.max_align_pairs, "source", "in source and target together"
             ),

@@ -52,8 +52,9 @@ def decode_vectors(items: Any, d_src: int, *, check_bools: bool = True) -> np.nd
         The dimension the (first) stitch expects.
     check_bools : bool, default True
         Refuse ``true`` / ``false`` among the numbers of float arrays (NumPy would read a
-        row mixing them with floats as 1.0 / 0.0). A caller that knows that the items hold
-        no booleans (see ``service.routes.translate``) skips this scan of every value.
+        row mixing them with floats as 1.0 / 0.0). A caller whose items come from a typed
+        decoder that refuses them (:mod:`service.translate_body`) skips this scan of every
+        value.
 
     Returns
     -------
@@ -125,7 +126,7 @@ def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
         n_chars = n_bytes // 3 * 4
         if all(type(item) is str and len(item) == n_chars for item in items):
             try:
-                joined = bytearray(pybase64.b64decode("".join(items), validate=True))
+                joined = pybase64.b64decode_as_bytearray("".join(items), validate=True)
             except (binascii.Error, ValueError):
                 pass  # find and name the bad string below
             else:

@@ -28,8 +28,9 @@ Vector counts: on paths whose JSON body FastAPI parses before the route runs (al
 jobs), a buffered body that certainly holds more vectors than the path's limit is a 422
 before anything parses it (:func:`refuse_too_many_vectors`): a JSON parser would build one
 object per item first, and 20 million empty arrays or objects take seconds and gigabytes.
-The translate route reads its body itself and counts there, after its compact base64
-path (which counts as it decodes), so that the common request is scanned once.
+The translate route reads its body itself: its typed decoder stops at the first vector
+beyond the limit, and only a body that decoder refused is counted, before the plain parse
+that names its problem (:mod:`service.translate_body`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Request and response models of the HTTP API (they are its OpenAPI documentation).
 
-The translate route parses its body with orjson on the hot path and validates only the
-small fields with :class:`TranslateOptions`; :class:`TranslateRequest` documents the whole
-body in the schema.
+The translate route decodes its body with msgspec (:mod:`service.translate_body`, whose
+Struct a test keeps in step with :class:`TranslateOptions`); :class:`TranslateRequest`
+documents the whole body in the schema, and :class:`TranslateOptions` names the problems
+of a body that the typed decoder refused. :func:`stitch_naming_error` is the rule both
+apply to the fields that name the stitch.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
 __all__ = [
     "EmbeddingOut",
@@ -32,7 +34,28 @@ __all__ = [
     "TranslateResponse",
     "Usage",
     "error_responses",
+    "stitch_naming_error",
 ]
+
+
+def stitch_naming_error(
+    stitch: str | None, source_model: str | None, target_model: str | None, direction: str
+) -> str | None:
+    """Why a translate body's fields do not name one stitch (or chain) one way, or None.
+
+    The rule of :class:`TranslateOptions` and of the service's typed decoder
+    (:class:`service.translate_body.TranslateFields`) alike.
+    """
+    by_models = source_model is not None or target_model is not None
+    if direction == "inverse" and stitch is None:
+        return "direction 'inverse' needs `stitch` (an invertible stitch's id)"
+    if stitch is not None and by_models:
+        return "give either `stitch` or `source_model` + `target_model`, not both"
+    if stitch is None and (source_model is None or target_model is None):
+        return "give `stitch`, or both `source_model` and `target_model`"
+    if source_model is not None and source_model == target_model:
+        return "source_model and target_model must differ (as for jobs)"
+    return None
 
 
 class TranslateOptions(BaseModel):
@@ -73,15 +96,11 @@ class TranslateOptions(BaseModel):
 
     @model_validator(mode="after")
     def _one_way_to_name_the_stitch(self) -> TranslateOptions:
-        by_models = self.source_model is not None or self.target_model is not None
-        if self.direction == "inverse" and self.stitch is None:
-            raise ValueError("direction 'inverse' needs `stitch` (an invertible stitch's id)")
-        if self.stitch is not None and by_models:
-            raise ValueError("give either `stitch` or `source_model` + `target_model`, not both")
-        if self.stitch is None and (self.source_model is None or self.target_model is None):
-            raise ValueError("give `stitch`, or both `source_model` and `target_model`")
-        if self.source_model is not None and self.source_model == self.target_model:
-            raise ValueError("source_model and target_model must differ (as for jobs)")
+        problem = stitch_naming_error(
+            self.stitch, self.source_model, self.target_model, self.direction
+        )
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 
@@ -103,7 +122,8 @@ class TranslateRequest(TranslateOptions):
         },
     )
 
-    input: list[list[float]] | list[str] = Field(
+    # StrictFloat: numbers only (not true / false or "0.1"), as the service decodes them
+    input: list[list[StrictFloat]] | list[str] = Field(
         min_length=1,
         description="Vectors of the source model, `d_src` values each: float arrays, or base64 "
         "strings of `4 * d_src` little-endian float32 bytes. `data[i]` answers `input[i]`.",

@@ -1,9 +1,8 @@
 """``POST /v1/translate``: vectors of one model's space into another's.
 
-Hot path, all in a worker thread so that the event loop stays free: the raw body is parsed
-with orjson (pydantic validates only the small fields) and decoded into one float32 array
-(a compact base64 array is cut out of the raw body and decoded in one call, see
-:mod:`service.compact_base64`), scaled to unit length where the stitch was fitted on
+Hot path, all in a worker thread so that the event loop stays free: the raw body is decoded
+by one typed decoder into its fields, its route and one float32 array
+(:mod:`service.translate_body`), scaled to unit length where the stitch was fitted on
 unit-length vectors, run through the stitch (or chain) in one forward under
 ``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
 are written straight into the JSON text).
@@ -14,34 +13,29 @@ translation."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import orjson
 import torch
 from fastapi import APIRouter, Depends, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from lead.errors import InvalidInputError
 from service import arrow_io
-from service.compact_base64 import decode_compact_base64, split_compact_base64
 from service.deps import TranslateContextDep, media_type, require_json_or_arrow
-from service.encoding import (
-    check_vector_count,
-    decode_vectors,
-    reject_bools,
-    render_embeddings,
-)
-from service.limits import VectorLimit, refuse_too_many_vectors
+from service.encoding import render_embeddings
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routing import Route
-from service.schemas import TranslateOptions, TranslateRequest, TranslateResponse, error_responses
+from service.schemas import (
+    TranslateOptions,
+    TranslateRequest,
+    TranslateResponse,
+    error_responses,
+)
 from service.settings import Settings
+from service.translate_body import TranslateFields, decode_request, find_route
 
 __all__ = ["OPENAPI_MODELS", "router"]
 
@@ -123,108 +117,6 @@ _ARROW_ANSWER: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _parse_json(body: bytes) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        orjson_error = str(exc)
-    # orjson refuses NaN / Infinity and numbers that overflow a double (1e999). Parse those
-    # with the standard library so that the finiteness check can name the vector (422).
-    try:
-        return json.loads(body.decode("utf-8"))  # bytes would be sniffed for UTF-16/32
-    except (ValueError, RecursionError):
-        raise RequestValidationError(
-            [
-                {
-                    "type": "json_invalid",
-                    "loc": ("body",),
-                    "msg": "JSON decode error",
-                    "input": {},
-                    "ctx": {"error": orjson_error},
-                }
-            ]
-        ) from None
-
-
-def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
-    if not isinstance(payload, dict):
-        raise InvalidInputError("request body must be a JSON object", param="body")
-    if "input" not in payload:
-        raise RequestValidationError(
-            [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
-        )
-    fields = {key: value for key, value in payload.items() if key != "input"}
-    try:
-        options = TranslateOptions.model_validate(fields)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
-        raise RequestValidationError(
-            [{**error, "loc": ("body", *error["loc"])} for error in errors]
-        ) from None
-    return options, payload["input"]
-
-
-def _count_bool_tokens(body: bytes, stop_after: int) -> int:
-    """Occurrences of ``true`` and ``false`` in ``body`` (in strings too), up to ``stop_after``.
-
-    Each candidate is found with ``bytes.find`` of one byte (memchr): microseconds for a body
-    whose values are numbers, where those letters occur only in the few keys and strings.
-    """
-    count = 0
-    for token in (b"true", b"false"):
-        i = body.find(token[:1])
-        while i != -1:
-            if body.startswith(token, i):
-                count += 1
-                if count >= stop_after:
-                    return count
-            i = body.find(token[:1], i + 1)
-    return count
-
-
-def _may_hold_bools(body: bytes, payload: dict[str, Any]) -> bool:
-    """Whether float-array ``input`` may hold a JSON boolean, judged from the raw bytes.
-
-    Every ``true`` / ``false`` of the body is a boolean or part of a string. Without
-    backslashes (escapes), strings parse to their bytes, so the body holds at least as many
-    tokens outside ``input`` as the parsed fields other than ``input`` show; more tokens
-    than that means a boolean inside ``input``. False positives only cost the exact scan.
-    """
-    if b"\\" in body:
-        return True
-    outside = 0
-    for key, value in payload.items():
-        if key == "input":
-            continue
-        outside += key.count("true") + key.count("false")
-        if type(value) is bool:
-            outside += 1
-        elif isinstance(value, str):
-            outside += value.count("true") + value.count("false")
-        elif value is not None and not isinstance(value, int | float):
-            return True
-    return _count_bool_tokens(body, outside + 1) > outside
-
-
-def _find_route(registry: StitchRegistry, options: TranslateOptions) -> Route:
-    if options.stitch is not None:
-        return registry.route_for_id(options.stitch, inverse=options.direction == "inverse")
-    assert options.source_model is not None and options.target_model is not None
-    return registry.route(options.source_model, options.target_model, strict=options.strict)
-
-
-def _decode_input(
-    body: bytes, payload: dict[str, Any], items: Any, d_src: int, max_vectors: int
-) -> np.ndarray:
-    """The parsed ``input`` as one float32 array, every problem named."""
-    if isinstance(items, list):
-        check_vector_count(len(items), max_vectors)
-    x = decode_vectors(items, d_src, check_bools=False)
-    if isinstance(items[0], list) and _may_hold_bools(body, payload):
-        reject_bools(items)
-    return x
-
-
 async def _read_body(request: Request) -> bytes:
     """The request body, without a copy when it comes as one piece (the body limit
     middleware delivers it so; ``Request.body()`` copies it once more)."""
@@ -260,28 +152,8 @@ def _count_vectors(metrics: Metrics, route: Route, n: int) -> None:
         metrics.vectors.labels(entry.id).inc(n)
 
 
-def _decode(
-    body: bytes, registry: StitchRegistry, settings: Settings
-) -> tuple[TranslateOptions, Route, np.ndarray]:
-    """The request's options, its route and ``input`` as one float32 array."""
-    split = split_compact_base64(body)
-    if split is not None:  # the fields parse without the input array; one decode for it
-        options, _ = _parse_options(split.fields)
-        route = _find_route(registry, options)
-        x = decode_compact_base64(split, route.d_src, settings.max_vectors)
-        if x is not None:
-            return options, route, x
-    # before parsing (the compact path above counts as it decodes): the middleware
-    # leaves translate bodies to this, off the compact base64 hot path
-    refuse_too_many_vectors(body, VectorLimit(settings.max_vectors, "input", "in one request"))
-    payload = _parse_json(body)
-    options, items = _parse_options(payload)
-    route = _find_route(registry, options)
-    return options, route, _decode_input(body, payload, items, route.d_src, settings.max_vectors)
-
-
 def _render(
-    options: TranslateOptions, route: Route, x: np.ndarray, y: np.ndarray, metrics: Metrics
+    options: TranslateFields, route: Route, x: np.ndarray, y: np.ndarray, metrics: Metrics
 ) -> bytes:
     """The response body for ``y``, the translation of ``x``."""
     rest = _answer_fields(route, route.rescaled(x), len(y))
@@ -297,7 +169,7 @@ def _translate(
 ) -> bytes:
     """Decode, translate and render a large request in one go (in a worker thread)."""
     _use_torch_threads(settings)
-    options, route, x = _decode(body, registry, settings)
+    options, x, route = decode_request(body, registry, settings.max_vectors)
     y = route.translate(x, normalize=options.normalize)
     return _render(options, route, x, y, metrics)
 
@@ -312,7 +184,7 @@ def _translate_arrow(
     """:func:`_translate` for an Arrow IPC body: options from the query string."""
     _use_torch_threads(settings)
     options = arrow_io.query_options(query)
-    route = _find_route(registry, options)
+    route = find_route(registry, options)
     request = arrow_io.read_vectors(body, route.d_src, settings.max_vectors_arrow)
     y = route.translate(request.vectors, normalize=options.normalize)
     fields = _answer_fields(route, route.rescaled(request.vectors), len(y))
@@ -376,7 +248,7 @@ async def translate(
     with ctx.batcher.arriving():
         body = await _read_body(request)
     async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
-        options, route, x = _decode(body, registry, settings)
+        options, x, route = decode_request(body, registry, settings.max_vectors)
         y = await ctx.batcher.translate(route, x, normalize=options.normalize)
         content = _render(options, route, x, y, metrics)
     return Response(content, media_type="application/json")

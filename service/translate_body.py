@@ -1,0 +1,251 @@
+"""The body of ``POST /v1/translate``, decoded in one typed step (msgspec).
+
+:func:`decode_request` turns the raw body into its fields, the route they name and
+``input`` as one float32 array. The body is decoded in one ``msgspec.json`` call into a
+strict Struct (:class:`TranslateBody`): the JSON syntax, unknown and missing fields, the
+type of every field and of every value in ``input`` (no boolean, string or ``null`` among
+the numbers), the rule that names the stitch and the number of vectors are all the
+decoder's; no byte of the body is scanned by hand. Then the stitch is looked up and the
+vectors become one array (:func:`service.encoding.decode_vectors`: base64 strings joined and
+decoded in one pybase64 call, float arrays through NumPy; the dimension and finiteness
+checked). :class:`service.schemas.TranslateRequest` documents the same body in the OpenAPI
+schema; a test keeps the two in step.
+
+The vector limit is checked while decoding. msgspec checks a list's
+``Meta(max_length=...)`` only once it has built every item (a 60 MB body of 20 million
+empty vectors took 4.9 s and 1.4 GB before the refusal), so ``input`` is typed instead as an
+array-like Struct of ``max_vectors`` optional fields (:class:`Vectors`, built by
+:func:`_decoder`): msgspec fills them in order and refuses the array at the first item
+beyond them (that body: 0.3 ms, no memory).
+
+Errors. The typed decoder stops at the first problem in the order of the keys. A body it
+refuses is parsed plainly and checked as it was before the typed decoder
+(:func:`_decode_plainly`), so that the errors stay the same and come in the same order:
+the JSON (``NaN`` and ``Infinity`` are read by the standard library: they are not JSON, but
+Python's ``json.dumps`` writes them, and the finiteness check then names the vector), an
+object, ``input`` present, the fields (:class:`service.schemas.TranslateOptions`), the
+stitch, the number of vectors, each vector. A plain parse builds every item (the 60 MB body
+above with a ``NaN`` up front: 2.9 s and 1.4 GB in the standard library), so it comes after
+:func:`service.limits.refuse_too_many_vectors` (a count of brackets and quotes, on refused
+bodies only), which refuses such a body in tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Literal, cast
+
+import msgspec
+import numpy as np
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from lead.errors import InvalidInputError
+from service.encoding import EncodingFormat, check_vector_count, decode_vectors
+from service.limits import VectorLimit, refuse_too_many_vectors
+from service.registry import StitchRegistry
+from service.routing import Route
+from service.schemas import TranslateOptions, stitch_naming_error
+
+__all__ = [
+    "TranslateBody",
+    "TranslateFields",
+    "Vector",
+    "Vectors",
+    "decode_body",
+    "decode_request",
+    "find_route",
+]
+
+#: One vector of ``input``: base64 of little-endian float32, or numbers.
+Vector = str | list[float]
+
+
+class TranslateFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything in a translate body but ``input``: the typed twin of
+    :class:`~service.schemas.TranslateOptions`."""
+
+    stitch: str | None = None
+    source_model: str | None = None
+    target_model: str | None = None
+    encoding_format: EncodingFormat = "float"
+    normalize: bool = False
+    strict: bool = False
+    direction: Literal["forward", "inverse"] = "forward"
+
+    def __post_init__(self) -> None:
+        problem = stitch_naming_error(
+            self.stitch, self.source_model, self.target_model, self.direction
+        )
+        if problem is not None:
+            raise ValueError(problem)  # msgspec raises it as a ValidationError
+
+
+class Vectors(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """``input``: a JSON array of at most as many vectors as the subclass has fields
+    (``v0``, ``v1``, …, each a :data:`Vector` or unset; see :func:`_decoder`)."""
+
+    def items(self) -> list[Vector]:
+        """The vectors, in order (the fields up to the first unset one)."""
+        values = msgspec.structs.astuple(self)
+        try:
+            return list(values[: values.index(msgspec.UNSET)])
+        except ValueError:  # every field set
+            return list(values)
+
+
+class TranslateBody(TranslateFields, kw_only=True):
+    """A decoded translate body."""
+
+    input: Vectors
+
+
+@functools.lru_cache(maxsize=4)
+def _decoder(max_vectors: int) -> msgspec.json.Decoder[TranslateBody]:
+    """The decoder of bodies with at most ``max_vectors`` vectors (built once per limit:
+    a few milliseconds for 2,048)."""
+    fields = [(f"v{i}", Vector | msgspec.UnsetType, msgspec.UNSET) for i in range(max_vectors)]
+    vectors = msgspec.defstruct(
+        "Vectors", fields, bases=(Vectors,), array_like=True, forbid_unknown_fields=True
+    )
+    body = msgspec.defstruct(
+        "TranslateBody",
+        [("input", vectors)],
+        bases=(TranslateBody,),
+        kw_only=True,
+        forbid_unknown_fields=True,
+    )
+    return cast(msgspec.json.Decoder[TranslateBody], msgspec.json.Decoder(body))
+
+
+def decode_body(body: bytes, max_vectors: int) -> TranslateBody:
+    """The typed decode: ``body`` as a :class:`TranslateBody`, in one msgspec call.
+
+    Raises
+    ------
+    msgspec.DecodeError
+        ``body`` is not JSON.
+    msgspec.ValidationError
+        A field is missing, unknown or of the wrong type, the stitch is named both or
+        neither way, or ``input`` holds more than ``max_vectors`` vectors or a value that
+        is not a vector (a boolean, a string or ``null`` among the numbers, ...).
+    """
+    return _decoder(max_vectors).decode(body)
+
+
+def decode_request(
+    body: bytes, registry: StitchRegistry, max_vectors: int
+) -> tuple[TranslateFields, np.ndarray, Route]:
+    """Decode a translate request body and look up the route it names.
+
+    Parameters
+    ----------
+    body : bytes
+        The raw request body (UTF-8 JSON).
+    registry : StitchRegistry
+        The served stitches.
+    max_vectors : int
+        The most vectors ``input`` may hold.
+
+    Returns
+    -------
+    fields : TranslateFields
+        The options (``normalize``, ``encoding_format``, …).
+    x : ndarray of shape (n, d_src), float32
+        The vectors of ``input``; writable, C-contiguous and finite.
+    route : Route
+        The stitch (or chain) to apply.
+
+    Raises
+    ------
+    RequestValidationError
+        Invalid JSON (400 ``invalid_json``), a missing or unknown field, an option of the
+        wrong type, the stitch named both or neither way (422 ``validation_error``).
+    InvalidInputError
+        The body is not a JSON object; ``input`` is not a non-empty list of vectors, mixes
+        arrays and strings, or holds a value that is not a number.
+    LimitExceededError
+        More than ``max_vectors`` vectors.
+    StitchNotFoundError, NotReadyError, NotInvertibleError
+        As :meth:`StitchRegistry.route_for_id` and :meth:`StitchRegistry.route`.
+    DecodeError, ShapeMismatchError, NonFiniteError
+        As :func:`~service.encoding.decode_vectors`, naming ``input[i]``.
+    """
+    try:
+        request = decode_body(body, max_vectors)
+    except (msgspec.MsgspecError, RecursionError):
+        return _decode_plainly(body, registry, max_vectors)
+    route = find_route(registry, request)
+    # the decoder let only numbers into the float arrays: no scan for booleans
+    return request, decode_vectors(request.input.items(), route.d_src, check_bools=False), route
+
+
+def _decode_plainly(
+    body: bytes, registry: StitchRegistry, max_vectors: int
+) -> tuple[TranslateFields, np.ndarray, Route]:
+    """A body that the typed decoder refused, parsed plainly and checked as before it, to
+    raise the first problem in the order of the checks (``tests/service/
+    test_translate_body.py`` checks that the typed decoder refuses no more than this)."""
+    refuse_too_many_vectors(body, VectorLimit(max_vectors, "input", "in one request"))
+    options, items = _parse_options(_parse_json(body))
+    route = find_route(registry, options)
+    if isinstance(items, list):
+        check_vector_count(len(items), max_vectors)
+    x = decode_vectors(items, route.d_src)
+    return TranslateFields(**options.model_dump()), x, route
+
+
+def _parse_json(body: bytes) -> Any:
+    try:  # float_hook: a number beyond the float range (1e999) is infinite, named as such
+        return msgspec.json.Decoder(float_hook=float).decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        error = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
+    # NaN / Infinity (not JSON, but Python's json.dumps writes them): parsed by the standard
+    # library, so that the finiteness check can name the vector (422)
+    try:
+        return json.loads(body.decode("utf-8"))  # bytes would be sniffed for UTF-16/32
+    except (ValueError, RecursionError):
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body",),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": error},
+                }
+            ]
+        ) from None
+
+
+def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
+    if not isinstance(payload, dict):
+        raise InvalidInputError("request body must be a JSON object", param="body")
+    if "input" not in payload:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
+        )
+    fields = {key: value for key, value in payload.items() if key != "input"}
+    try:
+        options = TranslateOptions.model_validate(fields)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        raise RequestValidationError(
+            [{**error, "loc": ("body", *error["loc"])} for error in errors]
+        ) from None
+    return options, payload["input"]
+
+
+def find_route(registry: StitchRegistry, options: TranslateFields | TranslateOptions) -> Route:
+    """The route that ``options`` name: a stitch by id (``direction``), else the models.
+
+    Raises
+    ------
+    StitchNotFoundError, NotReadyError, NotInvertibleError, InvalidInputError
+        As :meth:`StitchRegistry.route_for_id` and :meth:`StitchRegistry.route`.
+    """
+    if options.stitch is not None:
+        return registry.route_for_id(options.stitch, inverse=options.direction == "inverse")
+    assert options.source_model is not None and options.target_model is not None
+    return registry.route(options.source_model, options.target_model, strict=options.strict)

@@ -1,11 +1,13 @@
 """``POST /v1/translate``: vectors of one model's space into another's.
 
-Hot path, all in a worker thread so that the event loop stays free: the raw body is decoded
-by one typed decoder into its fields, its route and one float32 array
-(:mod:`service.translate_body`), scaled to unit length where the stitch was fitted on
-unit-length vectors, run through the stitch (or chain) in one forward under
+The raw body is decoded by one typed decoder into its fields, its route and one float32
+array (:mod:`service.translate_body`), scaled to unit length where the stitch was fitted on
+unit-length vectors, run through the stitch (or chain) batch-invariantly under
 ``torch.inference_mode()``, checked for finiteness and serialised (orjson; base64 vectors
-are written straight into the JSON text).
+are written straight into the JSON text). A small body (at most :data:`SMALL_BODY_BYTES`,
+the query-time case) is handled on the event loop and its forward shared with concurrent
+requests (:mod:`service.batcher`); a larger one runs whole in a worker thread, so that the
+event loop stays free.
 
 A body of type ``application/vnd.apache.arrow.stream`` (an Arrow IPC stream, options in
 the query string) is read and answered by :mod:`service.arrow_io` around the same

@@ -117,7 +117,8 @@ def load_stitches(registry: StitchRegistry, refs: list[StitchRef]) -> None:
                     )
                 seen.add(ref.id)
                 folder = stitch_folder(ref.location, ref.revision)
-                stitch = load_stitch(folder, device=registry.device, dtype=registry.dtype)
+                # float32: the registry decides the serving precision (service.routing.serving_copy)
+                stitch = load_stitch(folder, device=registry.device, dtype=torch.float32)
                 registry.register(
                     ref.id, stitch, origin=ref.origin, revision=ref.revision, folder=folder
                 )

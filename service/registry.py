@@ -24,7 +24,14 @@ from lead.errors import (
 )
 from lead.stitches import Stitch
 from service.errors import echo
-from service.routing import Origin, Route, StitchEntry, probe_stitch, shortest_chain
+from service.routing import (
+    Origin,
+    Route,
+    StitchEntry,
+    probe_stitch,
+    serving_copy,
+    shortest_chain,
+)
 
 __all__ = ["LoadFailure", "Readiness", "Route", "StitchEntry", "StitchRegistry"]
 
@@ -105,7 +112,8 @@ class StitchRegistry:
         folder: Path | None = None,
         replace: bool = False,
     ) -> StitchEntry:
-        """Serve ``stitch`` under ``stitch_id`` (moved to the registry's device and dtype).
+        """Serve ``stitch`` under ``stitch_id``, on the registry's device and in its dtype
+        where the stitch allows it (:func:`~service.routing.serving_copy`; else float32).
 
         Safe to call from any thread, at start-up or at run time. ``folder`` is the artifact
         folder it was loaded from, whose files ``GET /v1/stitch-files`` serves.
@@ -119,8 +127,8 @@ class StitchRegistry:
         NonFiniteOutputError
             If the stitch fails its test vector.
         """
-        stitch = stitch.to(device=self.device, dtype=self.dtype).eval()
-        probe_stitch(stitch, self.device, self.dtype)
+        stitch = serving_copy(stitch, self.device, self.dtype)
+        probe_stitch(stitch, self.device)
         with self._lock:
             self._sequence += 1
             entry = StitchEntry(stitch_id, stitch, origin, revision, self._sequence, folder)
@@ -250,7 +258,7 @@ class StitchRegistry:
         NotInvertibleError
             If ``inverse`` and the stitch is not invertible.
         """
-        return Route((self.get(stitch_id),), self.device, self.dtype, inverse=inverse)
+        return Route((self.get(stitch_id),), self.device, inverse=inverse)
 
     def route(self, source_model: str, target_model: str, *, strict: bool = False) -> Route:
         """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.
@@ -300,4 +308,4 @@ class StitchRegistry:
                 f"exists ({chain}) but strict=true refuses chains",
                 param="strict",
             )
-        return Route(tuple(path), self.device, self.dtype)
+        return Route(tuple(path), self.device)

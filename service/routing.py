@@ -10,6 +10,8 @@ stitch), so a chain has the fewest stitches possible.
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +32,19 @@ from lead.unit_input import (
     zero_vector_error,
 )
 
-__all__ = ["Origin", "Route", "StitchEntry", "probe_stitch", "shortest_chain"]
+__all__ = [
+    "REDUCED_PRECISION_MIN_COSINE",
+    "Origin",
+    "Route",
+    "StitchEntry",
+    "probe_stitch",
+    "serving_copy",
+    "shortest_chain",
+]
 
 Origin = Literal["local", "hub", "job"]
+
+logger = logging.getLogger("lead.service")
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,11 @@ class StitchEntry:
     #: The artifact folder it was loaded from (config.json, model.safetensors, README.md),
     #: served by ``GET /v1/stitch-files``; None when it has no files on this server.
     folder: Path | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the stitch runs in (see :func:`serving_copy`)."""
+        return next(self.stitch.parameters()).dtype
 
     @property
     def held_out_r2(self) -> float | None:
@@ -84,7 +101,6 @@ class Route:
 
     entries: tuple[StitchEntry, ...]
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.float32
     inverse: bool = False
     #: Read nothing back before the result (the GPU path); None: on CUDA devices only.
     sync_free_override: bool | None = None
@@ -184,7 +200,7 @@ class Route:
                     except ZeroVectorError as error:
                         raise self._zero_row(hop, error.row) from None
                 run = oriented(entry.stitch, inverse=self.inverse)[0]
-                y = forward_batch_invariant(run, y.to(self.dtype))
+                y = forward_batch_invariant(run, y.to(entry.dtype))
             if normalize:
                 y = unit_rows(y)
             out, masks = _to_host(y, [zero for _, zero in zeros])
@@ -233,7 +249,60 @@ def _to_host(y: Tensor, masks: list[Tensor]) -> tuple[np.ndarray, list[np.ndarra
     return pinned[0].numpy(), [buffer.numpy() for buffer in pinned[1:]]
 
 
-def probe_stitch(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> None:
+#: A stitch is served in a reduced precision (``LEAD_DTYPE=float16`` / ``bfloat16``) only
+#: when its answers on the probe batch keep at least this cosine to its float32 answers.
+REDUCED_PRECISION_MIN_COSINE = 0.999
+
+
+def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> Stitch:
+    """``stitch`` on ``device`` in ``dtype`` where the stitch allows it, else in float32.
+
+    A reduced precision halves the memory traffic of a GPU forward, but a stitch whose
+    weights or activations leave its range (float16 overflows at 65,504) or whose map is
+    ill-conditioned loses its answers: the half-precision copy is compared with float32 on
+    a seeded batch of 64 unit vectors and kept only when every row's cosine to the float32
+    answer is at least :data:`REDUCED_PRECISION_MIN_COSINE`.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        In float32 (as loaded); moved to ``device`` in place.
+    device : torch.device
+    dtype : torch.dtype
+        The precision asked for (``LEAD_DTYPE``).
+
+    Returns
+    -------
+    Stitch
+        In eval mode: ``stitch`` itself (float32), or a copy in ``dtype``.
+    """
+    stitch = stitch.to(device=device, dtype=torch.float32).eval()
+    if dtype == torch.float32:
+        return stitch
+    generator = torch.Generator().manual_seed(0)
+    x = nn.functional.normalize(torch.randn(64, stitch.d_src, generator=generator), dim=1)
+    x = x.to(device)
+    reduced = copy.deepcopy(stitch).to(dtype=dtype)
+    with torch.inference_mode():
+        exact, approx = stitch(x), reduced(x.to(dtype)).float()
+    cosine = nn.functional.cosine_similarity(exact, approx, dim=1)
+    if bool(torch.isfinite(approx).all()) and float(cosine.min()) >= REDUCED_PRECISION_MIN_COSINE:
+        return reduced
+    worst = float(cosine.min()) if bool(torch.isfinite(cosine).all()) else float("nan")
+    logger.warning(
+        "stitch %s → %s runs in float32, not %s: its %s answers on the probe batch reach a "
+        "cosine of only %.4f to the float32 ones (need %s)",
+        stitch.info.source_model,
+        stitch.info.target_model,
+        str(dtype).removeprefix("torch."),
+        str(dtype).removeprefix("torch."),
+        worst,
+        REDUCED_PRECISION_MIN_COSINE,
+    )
+    return stitch
+
+
+def probe_stitch(stitch: Stitch, device: torch.device) -> None:
     """Run the test vector through ``stitch``: a fixed, seeded batch of two unit vectors.
 
     Raises
@@ -246,7 +315,7 @@ def probe_stitch(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> No
     generator = torch.Generator().manual_seed(0)
     x = nn.functional.normalize(torch.randn(2, stitch.d_src, generator=generator), dim=1)
     with torch.inference_mode():
-        y = stitch(x.to(device=device, dtype=dtype))
+        y = stitch(x.to(device=device, dtype=next(stitch.parameters()).dtype))
     if tuple(y.shape) != (2, stitch.d_tgt):
         raise StitchFormatError(
             f"test vector gave output of shape {tuple(y.shape)}, expected (2, {stitch.d_tgt})"

@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import torch
 
 from lead.data import check_embeddings
 from lead.errors import (
@@ -212,7 +213,7 @@ class JobManager:
             stitch = load_stitch(
                 self.layout.stitch_dir(stitch_id),
                 device=self.registry.device,
-                dtype=self.registry.dtype,
+                dtype=torch.float32,  # the registry decides the serving precision
             )
             self.registry.register(
                 stitch_id, stitch, origin="job", folder=self.layout.stitch_dir(stitch_id)

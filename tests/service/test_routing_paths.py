@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from service_helpers import b64, unb64
 
-from lead import load_stitch
+from lead import load_stitch, save_stitch
 from lead.errors import ZeroVectorError
-from service.routing import Route, StitchEntry
+from service.routing import Route, StitchEntry, serving_copy
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -83,3 +84,45 @@ def test_gpu_path_on_cuda(scifact_small: Any) -> None:
     # batch-invariant on the device too: fixed tiles
     alone = np.concatenate([gpu.translate(x[i : i + 1]) for i in range(32)])
     assert alone.tobytes() == y[:32].tobytes()
+
+
+def _overflowing_copy(folder: Path, tmp_path: Path) -> Path:
+    """The stitch with its map scaled by 1e7: the same unit answers in float32, but its
+    pre-normalisation values (~1e5) overflow float16 (65,504)."""
+    stitch = load_stitch(folder)
+    with torch.no_grad():
+        stitch.weight.mul_(1e7)
+        stitch.target_mean.mul_(1e7)
+    save_stitch(stitch, tmp_path / "overflowing")
+    return tmp_path / "overflowing"
+
+
+def test_reduced_precision_only_where_the_stitch_allows(
+    fitted: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpu = torch.device("cpu")
+    fine = serving_copy(load_stitch(fitted.folder("minilm-to-mpnet")), cpu, torch.bfloat16)
+    assert next(fine.parameters()).dtype == torch.bfloat16
+    overflowing = load_stitch(_overflowing_copy(fitted.folder("minilm-to-mpnet"), tmp_path))
+    with caplog.at_level("WARNING", logger="lead.service"):
+        kept = serving_copy(overflowing, cpu, torch.float16)
+    assert next(kept.parameters()).dtype == torch.float32
+    assert "runs in float32, not float16" in caplog.text
+
+
+def test_a_stitch_that_overflows_float16_is_served_in_float32(
+    make_client: Any, fitted: Any, queries: Any, tmp_path: Path
+) -> None:
+    folder = _overflowing_copy(fitted.folder("minilm-to-mpnet"), tmp_path)
+    x = queries["minilm"][:5]
+    body = {"stitch": "overflowing", "input": b64(x), "encoding_format": "base64"}
+    answers = []
+    for dtype in ("float16", "float32"):
+        client = make_client([str(folder)], dtype=dtype)
+        r = client.post("/v1/translate", json=body)
+        assert r.status_code == 200, r.text
+        answers.append([item["embedding"] for item in r.json()["data"]])
+    assert answers[0] == answers[1]  # float32 both times: the same bytes
+    np.testing.assert_allclose(
+        unb64(answers[0]), fitted.expected(["minilm-to-mpnet"], x), rtol=1e-4, atol=1e-5
+    )

@@ -123,8 +123,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    # Small (query-time) and bulk translate requests have their own shares of the byte
+    # budget, so that neither kind starves the other.
+    small_share = max(1, settings.max_translate_bytes_in_flight // 8)
+    app.state.small_limiter = ConcurrencyLimiter(small_share, "small translate", "body bytes")
     app.state.limiter = ConcurrencyLimiter(
-        settings.max_translate_bytes_in_flight, "translate", "body bytes"
+        max(1, settings.max_translate_bytes_in_flight - small_share), "translate", "body bytes"
     )
     app.state.batcher = MicroBatcher(
         max_vectors=settings.batch_max_vectors,

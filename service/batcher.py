@@ -207,7 +207,7 @@ class MicroBatcher:
             for pending in batch:  # alone, so that an error names the request's own row
                 try:
                     _settle(pending, await self._forward(pending.route, pending.x, first.normalize))
-                except LeadError as own:
+                except Exception as own:  # a bug too: this caller answers 500, the rest go on
                     _settle(pending, error=own)
             return
         except Exception as error:  # a bug: every caller answers 500, the worker lives on

@@ -78,14 +78,20 @@ class TranslateContext:
     settings: Settings
     registry: StitchRegistry
     metrics: Metrics
-    limiter: ConcurrencyLimiter
+    limiter: ConcurrencyLimiter  # bulk requests
+    small_limiter: ConcurrencyLimiter  # small (query-time) requests
     batcher: MicroBatcher
 
 
 async def get_translate_context(request: Request) -> TranslateContext:
     state = request.app.state
     return TranslateContext(
-        state.settings, await get_registry(request), state.metrics, state.limiter, state.batcher
+        state.settings,
+        await get_registry(request),
+        state.metrics,
+        state.limiter,
+        state.small_limiter,
+        state.batcher,
     )
 
 

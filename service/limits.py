@@ -211,7 +211,8 @@ class BodyLimitMiddleware:
     ``path_vectors`` maps exact paths to the vectors their JSON body may carry
     (:func:`refuse_too_many_vectors`, 422 before the app parses it).
     ``media_limits`` maps (exact path, media type) to the limit of a buffered body of that
-    type on that path (instead of ``max_body_bytes``).
+    type on that path (instead of ``max_body_bytes``). At most ``max_inflating`` compressed
+    bodies are decompressed at once (the others wait their turn).
     """
 
     def __init__(
@@ -223,8 +224,13 @@ class BodyLimitMiddleware:
         path_hints: dict[str, str] | None = None,
         path_vectors: dict[str, VectorLimit] | None = None,
         media_limits: dict[tuple[str, str], int] | None = None,
+        max_inflating: int = 2,
     ) -> None:
         self.app = app
+        # Compressed bodies are inflated this many at a time: a few KB of gzip can stand for
+        # the whole body limit, and each inflated body is held until the route admits or
+        # refuses it, so memory would otherwise grow with the number of such clients.
+        self._inflating = anyio.Semaphore(max_inflating)
         self.max_body_bytes = max_body_bytes
         self.path_limits = dict(path_limits or {})
         self.body_timeout_s = body_timeout_s
@@ -264,9 +270,10 @@ class BodyLimitMiddleware:
         try:
             messages = await self._read_body(receive, limit, hint)
             if coding is not None and messages[0]["type"] == "http.request":
-                body = await anyio.to_thread.run_sync(
-                    _decompress, messages[0]["body"], coding, limit, hint
-                )
+                async with self._inflating:
+                    body = await anyio.to_thread.run_sync(
+                        _decompress, messages[0]["body"], coding, limit, hint
+                    )
                 messages = [{"type": "http.request", "body": body, "more_body": False}]
                 scope = _without_coding(scope, len(body))
             vectors = self.path_vectors.get(path)

@@ -65,8 +65,8 @@ class Metrics:
         )
         self.batch_vectors = Histogram(
             "lead_microbatch_vectors",
-            "Vectors per forward run by the micro-batcher (requests of at most "
-            "batch_max_vectors vectors).",
+            "Vectors per forward run by the micro-batcher (small requests; one larger than "
+            "batch_max_vectors runs as its own forward).",
             buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )

@@ -139,8 +139,10 @@ class Settings(BaseSettings):
         ge=1,
         description="Translate work admitted at once, counted in request body bytes (being "
         "decoded, waiting for or in a forward); a request beyond it gets 429 with Retry-After. "
-        "A request is always admitted when none is in flight. Bytes rather than requests: "
-        "many single-vector callers (a few KB each) are served together, a few bulk ones bound "
+        "An eighth of it is kept for small requests (bodies up to 64 KiB: query time), the "
+        "rest for bulk ones, so that neither kind starves the other; in each share a request "
+        "is always admitted when none is in flight. Bytes rather than requests: many "
+        "single-vector callers (a few KB each) are served together, a few bulk ones bound "
         "the memory.",
     )
     micro_batching: bool = Field(

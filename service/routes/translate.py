@@ -249,7 +249,7 @@ async def translate(
     # either), the forward shared with concurrent requests (service.batcher).
     with ctx.batcher.arriving():
         body = await _read_body(request)
-    async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
+    async with ctx.small_limiter.slot(settings.retry_after_seconds, weight=len(body)):
         options, x, route = decode_request(body, registry, settings.max_vectors)
         y = await ctx.batcher.translate(route, x, normalize=options.normalize)
         content = _render(options, route, x, y, metrics)

@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -345,3 +346,43 @@ def test_vectors_of_the_wrong_type_stop_validation_at_the_first() -> None:
         AlignRequest.model_validate({"source": [0] * 1_000_000, "target": [[1.0]]})
     assert len(info.value.errors()) <= 2
     assert info.value.errors()[0]["loc"][:3] == ("source", "list[list[float]]", 0)
+
+
+def test_compressed_bodies_are_inflated_a_few_at_a_time(
+    make_client: Any, queries: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few KB of gzip may stand for the whole body limit: at most two bodies are inflated
+    at once (memory does not grow with the number of such clients), the rest wait."""
+    import service.limits as limits_module
+
+    running, most = 0, 0
+    lock = threading.Lock()
+    original = limits_module._decompress
+
+    def counting(*args: Any) -> bytes:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.05)
+            return original(*args)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(limits_module, "_decompress", counting)
+    client = make_client()
+    body = gzip.compress(_translate_body(queries))
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+            answers = await asyncio.gather(
+                *(http.post("/v1/translate", content=body, headers=headers) for _ in range(6))
+            )
+        return [r.status_code for r in answers]
+
+    assert asyncio.run(main()) == [200] * 6
+    assert most == 2

@@ -8,6 +8,7 @@ clients' vectors.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from lead.errors import ZeroVectorError
 from service.app import create_app
 from service.batcher import MicroBatcher
 from service.observability import Metrics
+from service.routing import Route
 from service.settings import Settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -180,3 +182,81 @@ def test_batch_sizes_are_in_metrics_and_batching_can_be_switched_off(
     counted = 'lead_microbatch_vectors_bucket{le="4.0"} 1.0' in text
     assert counted == micro_batching
     assert "# TYPE lead_microbatch_requests histogram" in text
+
+
+def test_a_failing_retry_does_not_strand_the_rest_of_the_batch(
+    scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared forward fails (a LeadError), the requests run again alone, and one of
+    those raises something else (a bug, a device error): its caller gets that error, the
+    others their answers; nobody waits forever."""
+    x = _vectors(scifact_small)[:3]
+    app = create_app(_settings())
+    original = Route.translate
+
+    def translate(self: Route, rows: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+        if len(rows) > 1:
+            raise ZeroVectorError("shared forward refused", row=0, param="input[0]")
+        if np.array_equal(rows, x[1:2]):
+            raise RuntimeError("device lost")
+        return original(self, rows, normalize=normalize)
+
+    batcher = MicroBatcher(max_vectors=256, max_wait_s=0.0)
+
+    async def main() -> list[Any]:
+        async with app.router.lifespan_context(app):
+            route = _route(app)
+            monkeypatch.setattr(Route, "translate", translate)
+            jobs = [batcher.translate(route, x[i : i + 1], normalize=False) for i in range(3)]
+            return await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 10)
+
+    first, second, third = asyncio.run(main())
+    batcher.close()
+    monkeypatch.setattr(Route, "translate", original)
+    assert isinstance(second, RuntimeError)
+    route = _route(app)
+    np.testing.assert_array_equal(first, route.translate(x[:1]))
+    np.testing.assert_array_equal(third, route.translate(x[2:3]))
+
+
+def test_bulk_requests_do_not_starve_small_ones(
+    scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small (query-time) and bulk requests have their own shares of the byte budget: while
+    a bulk request larger than the whole budget is in flight, single vectors are served."""
+    x = _vectors(scifact_small)
+    app = create_app(_settings(max_translate_bytes_in_flight=256 * 1024))
+    release = threading.Event()
+    original = Route.translate
+
+    def held(self: Route, rows: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+        if len(rows) > 100:  # the bulk request: held until the small ones have answered
+            assert release.wait(10), "the test never released the bulk request"
+        return original(self, rows, normalize=normalize)
+
+    monkeypatch.setattr(Route, "translate", held)
+    bulk = {"stitch": STITCH, "input": b64(x), "encoding_format": "base64"}  # ~0.5 MB
+    small = {"stitch": STITCH, "input": b64(x[:1]), "encoding_format": "base64"}
+
+    async def main() -> tuple[int, list[int]]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                big = asyncio.create_task(http.post("/v1/translate", json=bulk))
+                for _ in range(500):
+                    if app.state.limiter.in_flight:
+                        break
+                    await asyncio.sleep(0.01)
+                statuses = [(await http.post("/v1/translate", json=small)).status_code]
+                statuses += [
+                    r.status_code
+                    for r in await asyncio.gather(
+                        *(http.post("/v1/translate", json=small) for _ in range(8))
+                    )
+                ]
+                release.set()
+                return (await big).status_code, statuses
+
+    big, statuses = asyncio.run(main())
+    assert big == 200
+    assert statuses == [200] * 9

@@ -4,6 +4,7 @@ Standalone (no ``../shared`` needed; the bundled stitches, default limits, jobs 
 
     .venv/bin/python -m bench.latency                  # this checkout only
     .venv/bin/python -m bench.latency --baseline 5359b85   # and a git revision, side by side
+    .venv/bin/python -m bench.latency --quick      # a smoke run into bench/results/quick/
 
 With ``--baseline`` the revision's ``service/`` and ``lead/`` are exported (``git
 archive``) and both servers are measured in alternating rounds in one run, so that the
@@ -40,7 +41,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import log, write_result
+from bench.common import QUICK_RESULTS, log, use_results_dir, write_result
 from bench.data import REPO
 
 STITCH = "minilm-to-mpnet"
@@ -214,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3000, help="per one-client run")
     parser.add_argument("--seconds", type=float, default=8.0, help="of the concurrent run")
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 round, 500 requests, 3 s, written to bench/results/quick/ (not committed)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.requests, args.seconds = 1, 500, 3.0
+        use_results_dir(QUICK_RESULTS)
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"this checkout": REPO}
         if args.baseline:

@@ -2,7 +2,7 @@
 
 pyarrow is optional for ``lead``: it is imported when a stream is made or read, and its
 absence is an :class:`ImportError` that says how to install it
-(``pip install 'lead-stitch[arrow]'``).
+(``pip install pyarrow``, or the ``arrow`` extra).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _pyarrow() -> Any:
         import pyarrow
     except ImportError as exc:
         raise ImportError(
-            "format='arrow' needs pyarrow, which is not installed: pip install "
-            "'lead-stitch[arrow]' (or pyarrow), or use format='json'"
+            "format='arrow' needs pyarrow, which is not installed: pip install pyarrow "
+            "(or the project's arrow extra), or use format='json'"
         ) from exc
     return pyarrow
 

@@ -432,7 +432,7 @@ class LeadClient:
             ``"json"``: base64 in a JSON body (up to the server's ``max_vectors_per_request``).
             ``"arrow"``: an Arrow IPC stream both ways, raw float32 without base64 or JSON,
             up to the server's ``max_vectors_arrow`` (65,536 by default): for bulk
-            migrations. Needs pyarrow (``pip install 'lead-stitch[arrow]'``).
+            migrations. Needs pyarrow (``pip install pyarrow``, or the ``arrow`` extra).
 
         Returns
         -------
@@ -442,9 +442,15 @@ class LeadClient:
         ------
         ImportError
             ``format="arrow"`` without pyarrow installed.
+        InvalidInputError
+            ``format`` is neither ``"json"`` nor ``"arrow"``.
         LeadError
             The subclass matching the server's error (see the module docstring).
         """
+        if format not in ("json", "arrow"):
+            raise le.InvalidInputError(
+                f"format must be 'json' or 'arrow', got {format!r}", param="format"
+            )
         if format == "arrow":
             return self._translate_arrow(
                 vectors,

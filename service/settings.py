@@ -15,10 +15,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["DEFAULT_MODELS_DIR", "SCOPES", "ApiKey", "Scope", "Settings"]
@@ -274,3 +283,19 @@ class Settings(BaseSettings):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
+
+
+def main() -> int:
+    """``python -m service.settings``: read the ``LEAD_*`` settings once and say what is
+    wrong, exit status 1 (``scripts/serve.sh`` and the Docker image run it before uvicorn,
+    whose supervisor would otherwise restart refusing workers forever)."""
+    try:
+        Settings()
+    except ValidationError as exc:
+        sys.stderr.write(f"LEAD settings: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -79,7 +79,7 @@ def test_arrow_without_pyarrow_says_how_to_install_it(
 ) -> None:
     x = scifact_small.queries["minilm"][:2]
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'lead-stitch\[arrow\]'"):
+    with pytest.raises(ImportError, match="pip install pyarrow"):
         lead.translate(x, stitch="minilm-to-mpnet", format="arrow")
     assert lead.translate(x, stitch="minilm-to-mpnet").shape == (2, 768)
 
@@ -88,3 +88,14 @@ def test_lead_does_not_import_pyarrow() -> None:
     code = "import sys, lead, lead.client, lead.cli; assert 'pyarrow' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
+
+
+def test_an_unknown_format_is_refused() -> None:
+    from lead.client import LeadClient
+    from lead.errors import InvalidInputError
+
+    with (
+        LeadClient("http://127.0.0.1:9") as client,
+        pytest.raises(InvalidInputError, match="format must be 'json' or 'arrow'"),
+    ):
+        client.translate(np.zeros((1, 4), np.float32), stitch="s", format="xml")  # type: ignore[arg-type]

@@ -91,9 +91,9 @@ def refuse_too_many_vectors(body: bytes, limit: VectorLimit) -> None:
     if containers > most or quotes > 2 * most:
         at_least = max(containers, quotes // 2) - _SPARE_TOKENS
         raise LimitExceededError(
-            f"too many vectors or nested values: the body holds at least {at_least} arrays, "
-            f"objects or strings beyond its other fields, where {limit.vectors} vectors "
-            f"{limit.what} are the limit",
+            f"too many vectors (or nested values): the limit is {limit.vectors} vectors "
+            f"{limit.what}, and the body holds at least {at_least} arrays, objects or strings "
+            "beyond its other fields",
             limit=limit.vectors,
             got=at_least,
             param=limit.param,

@@ -187,6 +187,7 @@ def _decode_plainly(
     """A body that the typed decoder refused, parsed plainly and checked as before it, to
     raise the first problem in the order of the checks (``tests/service/
     test_translate_body.py`` checks that the typed decoder refuses no more than this)."""
+    _refuse_bad_fields(body)
     refuse_too_many_vectors(body, VectorLimit(max_vectors, "input", "in one request"))
     options, items = _parse_options(_parse_json(body))
     route = find_route(registry, options)
@@ -194,6 +195,38 @@ def _decode_plainly(
         check_vector_count(len(items), max_vectors)
     x = decode_vectors(items, route.d_src)
     return TranslateFields(**options.model_dump()), x, route
+
+
+def _refuse_bad_fields(body: bytes) -> None:
+    """Raise the error of the options before the vectors are counted: the count sees every
+    array and string of the body, and an unknown field holding many (``"ids": [...]``) or an
+    option of the wrong type (``"normalize": [[1], ...]``) is that field's error, not too
+    many vectors. The top-level values are checked for syntax only (``msgspec.Raw``); an
+    option's value is built only when it is short (options are short strings and booleans).
+    A body that is not a JSON object with ``input`` is left to the checks that follow."""
+    try:
+        top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.MsgspecError, RecursionError):
+        return
+    if "input" not in top:
+        return
+    fields: dict[str, Any] = {}
+    for key, raw in top.items():
+        if key == "input":
+            continue
+        if key not in TranslateOptions.model_fields:
+            error = {"type": "extra_forbidden", "loc": ("body", key), "input": None}
+            raise RequestValidationError([{**error, "msg": "Extra inputs are not permitted"}])
+        if len(raw) > _MAX_OPTION_BYTES:
+            message = f"Value error, {len(raw)} bytes of JSON: options are short strings, booleans"
+            error = {"type": "value_error", "loc": ("body", key), "input": None}
+            raise RequestValidationError([{**error, "msg": message}])
+        fields[key] = msgspec.json.decode(raw)
+    _check_options(fields)
+
+
+#: The longest JSON value an option may have (a Hub id ``org/name@revision`` is far shorter).
+_MAX_OPTION_BYTES = 4096
 
 
 def _parse_json(body: bytes) -> Any:
@@ -227,14 +260,24 @@ def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
             [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
         )
     fields = {key: value for key, value in payload.items() if key != "input"}
+    return _check_options(fields), payload["input"]
+
+
+def _check_options(fields: dict[str, Any]) -> TranslateOptions:
+    """The options of a translate body (everything but ``input``), validated.
+
+    Raises
+    ------
+    RequestValidationError
+        As FastAPI would (422 ``validation_error``), naming ``body.<field>``.
+    """
     try:
-        options = TranslateOptions.model_validate(fields)
+        return TranslateOptions.model_validate(fields)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
         raise RequestValidationError(
             [{**error, "loc": ("body", *error["loc"])} for error in errors]
         ) from None
-    return options, payload["input"]
 
 
 def find_route(registry: StitchRegistry, options: TranslateFields | TranslateOptions) -> Route:

@@ -333,7 +333,7 @@ def test_every_route_with_vectors_refuses_too_many_before_parsing(
             "/v1/align": 2 * limits["max_align_pairs"],
             "/v1/jobs": 2 * limits["max_inline_pairs"],
         }[path]
-        assert f"where {most} vectors" in error["message"]
+        assert f"the limit is {most} vectors" in error["message"]
     assert client.get("/healthz").status_code == 200
 
 

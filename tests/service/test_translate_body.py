@@ -372,3 +372,26 @@ def test_compact_and_pretty_bodies_get_the_same_answer(
         error = r.json().get("error", {})
         assert (r.status_code, error.get("code"), error.get("param")) == _HTTP_ANSWERS[case]
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"ids": [f"doc-{i}" for i in range(3000)]}, "ids", "Extra inputs"),
+        ({"metadata": [{"i": i} for i in range(3000)]}, "metadata", "Extra inputs"),
+        ({"normalize": [[1]] * 3000}, "normalize", "options are short"),
+        ({"normalize": "yes"}, "normalize", "valid boolean"),
+    ],
+    ids=["unknown field of strings", "unknown field of objects", "long option", "bad option"],
+)
+def test_a_bad_field_is_named_before_the_vectors_are_counted(
+    registry: StitchRegistry, extra: dict[str, Any], param: str, words: str
+) -> None:
+    """The count before a plain parse sees every array and string of the body: a field's
+    own arrays and strings must not turn its error into too many vectors."""
+    body = orjson.dumps({"stitch": "s", "input": b64(_vectors(1500, 6)), **extra})
+    with pytest.raises(RequestValidationError) as info:
+        decode_request(body, registry, MAX_VECTORS)
+    (error,) = info.value.errors()
+    assert error["loc"] == ("body", param)
+    assert words in error["msg"]

@@ -9,7 +9,7 @@ apply to the fields that name the stitch.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
@@ -123,8 +123,10 @@ class TranslateRequest(TranslateOptions):
     )
 
     # StrictFloat: numbers only (not true / false or "0.1"), as the service decodes them
-    input: list[list[StrictFloat]] | list[str] = Field(
-        min_length=1,
+    input: (
+        Annotated[list[list[StrictFloat]], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1)]
+    ) = Field(
         description="Vectors of the source model, `d_src` values each: float arrays, or base64 "
         "strings of `4 * d_src` little-endian float32 bytes. `data[i]` answers `input[i]`.",
     )

@@ -7,7 +7,7 @@ import json
 import time
 import tracemalloc
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Annotated, Any, get_args, get_origin
 
 import msgspec
 import numpy as np
@@ -120,9 +120,10 @@ def test_the_typed_decoder_has_the_fields_of_the_openapi_model() -> None:
     body_fields = {field.name: field for field in msgspec.structs.fields(TranslateBody)}
     assert set(body_fields) == set(TranslateRequest.model_fields) == {*typed, "input"}
     assert body_fields["input"].required and TranslateRequest.model_fields["input"].is_required()
-    documented_items = {
-        get_args(item)[0] for item in get_args(TranslateRequest.model_fields["input"].annotation)
-    }
+    branches = get_args(TranslateRequest.model_fields["input"].annotation)
+    # each branch is Annotated[list[...], Field(min_length=1)]: minItems in the schema
+    assert all(get_origin(branch) is Annotated for branch in branches)
+    documented_items = {get_args(get_args(branch)[0])[0] for branch in branches}
     floats = [item for item in documented_items if item is not str]
     assert len(floats) == 1 and get_args(get_args(floats[0])[0])[0] is float  # StrictFloat
     assert set(get_args(Vector)) == {str, list[float]}

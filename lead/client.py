@@ -132,6 +132,17 @@ def _error_from(response: httpx.Response) -> le.LeadError:
     return exc
 
 
+def _shifted(exc: le.LeadError, start: int) -> le.LeadError:
+    """``exc`` of a request that held the vectors from ``start`` on, naming the caller's
+    row (``input[i]`` becomes ``input[start + i]``)."""
+    match = re.fullmatch(r"input\[(\d+)\]", exc.param or "")
+    if match and start:
+        row = start + int(match[1])
+        exc.param = f"input[{row}]"
+        exc.add_note(f"input[{match[1]}] of the request that began at input[{start}]")
+    return exc
+
+
 class LeadClient:
     """Talk to a LEAD server over HTTP.
 
@@ -160,6 +171,7 @@ class LeadClient:
         self.http = http if http is not None else httpx.Client(base_url=url, timeout=timeout)
         key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._limits: dict[str, Any] | None = None  # GET /v1/info's, read when first needed
 
     def close(self) -> None:
         """Close the connection pool (when this client created it)."""
@@ -416,8 +428,16 @@ class LeadClient:
         target_model: str | None = None,
         normalize: bool = False,
         format: Literal["json", "arrow"] = "json",
+        batch_size: int | None = None,
+        retries: int = 5,
     ) -> np.ndarray:
         """Translate ``vectors`` (n, d_src) with a stitch id or a model pair.
+
+        Any number of vectors: they are sent in requests of at most ``batch_size`` (by
+        default the server's limit for the format, from ``GET /v1/info``), and a request
+        refused for a while (429 overloaded, 503 not ready) is sent again after the
+        server's ``Retry-After``. The server's answers are batch-invariant, so the result
+        is the same bytes however the vectors were split.
 
         Parameters
         ----------
@@ -433,6 +453,10 @@ class LeadClient:
             ``"arrow"``: an Arrow IPC stream both ways, raw float32 without base64 or JSON,
             up to the server's ``max_vectors_arrow`` (65,536 by default): for bulk
             migrations. Needs pyarrow (``pip install pyarrow``, or the ``arrow`` extra).
+        batch_size : int, optional
+            Vectors per request; default the server's limit for ``format``.
+        retries : int, default 5
+            How many times one request is sent again after a 429 or 503.
 
         Returns
         -------
@@ -451,16 +475,54 @@ class LeadClient:
             raise le.InvalidInputError(
                 f"format must be 'json' or 'arrow', got {format!r}", param="format"
             )
-        if format == "arrow":
-            return self._translate_arrow(
-                vectors,
-                stitch=stitch,
-                source_model=source_model,
-                target_model=target_model,
-                normalize=normalize,
-            )
+        rows = _float32_rows(vectors)
+        size = batch_size if batch_size is not None else self._translate_limit(format)
+        if size < 1:
+            raise le.InvalidInputError(f"batch_size must be at least 1, got {size}")
+        send = self._translate_arrow if format == "arrow" else self._translate_json
+        names = {"stitch": stitch, "source_model": source_model, "target_model": target_model}
+        parts: list[np.ndarray] = []
+        for start in range(0, max(len(rows), 1), size):
+            chunk = rows[start : start + size]
+
+            def call(chunk: np.ndarray = chunk) -> np.ndarray:
+                return send(chunk, normalize=normalize, **names)
+
+            try:
+                parts.append(self._retrying(call, retries))
+            except le.LeadError as exc:
+                raise _shifted(exc, start) from None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _translate_limit(self, format: str) -> int:
+        """The server's vectors per request for ``format`` (``GET /v1/info``, read once)."""
+        if self._limits is None:
+            self._limits = self._request("GET", "/v1/info")["limits"]
+        key = "max_vectors_arrow" if format == "arrow" else "max_vectors_per_request"
+        return int(self._limits[key])
+
+    @staticmethod
+    def _retrying(call: Callable[[], np.ndarray], retries: int) -> np.ndarray:
+        for attempt in range(retries + 1):
+            try:
+                return call()
+            except (le.OverloadedError, le.NotReadyError) as exc:
+                if attempt == retries:
+                    raise
+                time.sleep(min(float(exc.retry_after or 1), 60.0))
+        raise AssertionError("unreachable")
+
+    def _translate_json(
+        self,
+        rows: np.ndarray,
+        *,
+        normalize: bool,
+        stitch: str | None,
+        source_model: str | None,
+        target_model: str | None,
+    ) -> np.ndarray:
         body: dict[str, Any] = {
-            "input": encode_base64(vectors),
+            "input": encode_base64(rows),
             "encoding_format": "base64",
             "normalize": normalize,
         }
@@ -473,14 +535,14 @@ class LeadClient:
 
     def _translate_arrow(
         self,
-        vectors: Any,
+        rows: np.ndarray,
         *,
+        normalize: bool,
         stitch: str | None,
         source_model: str | None,
         target_model: str | None,
-        normalize: bool,
     ) -> np.ndarray:
-        content = _arrow.vectors_stream(_float32_rows(vectors))
+        content = _arrow.vectors_stream(rows)
         if stitch is not None:
             params = {"stitch": stitch}
         else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -139,7 +140,10 @@ def _shifted(exc: le.LeadError, start: int) -> le.LeadError:
     if match and start:
         row = start + int(match[1])
         exc.param = f"input[{row}]"
-        exc.add_note(f"input[{match[1]}] of the request that began at input[{start}]")
+        exc.message = exc.message.replace(f"input[{match[1]}]", f"input[{row}]")
+        exc.args = (exc.message, *exc.args[1:])
+        if hasattr(exc, "row"):
+            exc.row = row
     return exc
 
 
@@ -476,7 +480,9 @@ class LeadClient:
                 f"format must be 'json' or 'arrow', got {format!r}", param="format"
             )
         rows = _float32_rows(vectors)
-        size = batch_size if batch_size is not None else self._translate_limit(format)
+        size = (
+            batch_size if batch_size is not None else self._translate_limit(format, rows.shape[1])
+        )
         if size < 1:
             raise le.InvalidInputError(f"batch_size must be at least 1, got {size}")
         send = self._translate_arrow if format == "arrow" else self._translate_json
@@ -494,12 +500,17 @@ class LeadClient:
                 raise _shifted(exc, start) from None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _translate_limit(self, format: str) -> int:
+    def _translate_limit(self, format: str, d_src: int) -> int:
         """The server's vectors per request for ``format`` (``GET /v1/info``, read once)."""
         if self._limits is None:
             self._limits = self._request("GET", "/v1/info")["limits"]
-        key = "max_vectors_arrow" if format == "arrow" else "max_vectors_per_request"
-        return int(self._limits[key])
+        if format != "arrow":
+            return int(self._limits["max_vectors_per_request"])
+        # an Arrow request must also fit max_body_bytes_arrow: 4 bytes a value, 1 KiB spare
+        # per vector for the stream's framing (plenty: it is a few hundred bytes a batch)
+        d = max(int(d_src), 1)
+        by_bytes = int(self._limits.get("max_body_bytes_arrow", 2**62)) // (4 * d + 1024)
+        return max(1, min(int(self._limits["max_vectors_arrow"]), by_bytes))
 
     @staticmethod
     def _retrying(call: Callable[[], np.ndarray], retries: int) -> np.ndarray:
@@ -509,7 +520,10 @@ class LeadClient:
             except (le.OverloadedError, le.NotReadyError) as exc:
                 if attempt == retries:
                     raise
-                time.sleep(min(float(exc.retry_after or 1), 60.0))
+                # Retry-After, longer at each attempt and jittered, so that refused clients
+                # do not all come back at the same moment
+                wait = float(exc.retry_after or 1) * (1 + attempt) * random.uniform(0.5, 1.5)
+                time.sleep(min(wait, 60.0))
         raise AssertionError("unreachable")
 
     def _translate_json(

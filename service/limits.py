@@ -153,33 +153,68 @@ def _content_coding(scope: Scope) -> str | None:
     return codings[0]
 
 
+#: Compressed input is fed to zlib in pieces of this size (see :func:`_decompress`).
+_INFLATE_PIECE = 1 << 16
+#: The most gzip members a body may hold (RFC 1952 allows several: concatenated files).
+MAX_GZIP_MEMBERS = 1000
+
+
 def _decompress(body: bytes, coding: str, limit: int, hint: str | None = None) -> bytes:
     """``body`` decoded from ``coding``, at most ``limit`` bytes (else 413 with ``hint``).
 
-    A gzip body may hold several members (RFC 1952), decoded one after another; bytes
-    after the last member, or after deflate data, are a 400 (not silently dropped).
+    A gzip body may hold several members (RFC 1952, at most :data:`MAX_GZIP_MEMBERS`),
+    decoded one after another; bytes after the last member, or after deflate data, are a
+    400 (not silently dropped). The input goes to zlib in pieces of 64 KiB, so that the
+    rest of the body is never copied per member (zlib hands back what follows a member as
+    a copy: a body of many tiny members cost time quadratic in their number). The decoded
+    bytes are released before an error is raised (the error may outlive the request).
     """
     out = bytearray()
-    data = body
+    try:
+        return _inflate(memoryview(body), coding, limit, hint, out)
+    except (DecodeError, PayloadTooLargeError):
+        out.clear()
+        raise
+
+
+def _inflate(view: memoryview, coding: str, limit: int, hint: str | None, out: bytearray) -> bytes:
+    wbits = _CODINGS[coding]
+    decoder = zlib.decompressobj(wbits)
+    pos, carried, members, started = 0, b"", 0, False
+    piece: bytes | memoryview
     while True:
-        decoder = zlib.decompressobj(_CODINGS[coding])
+        if carried:
+            piece, carried = carried, b""
+        elif pos < len(view):
+            piece, pos = view[pos : pos + _INFLATE_PIECE], pos + _INFLATE_PIECE
+        else:
+            break
+        started = True
         try:
-            out += decoder.decompress(data, limit + 1 - len(out))
+            out += decoder.decompress(piece, limit + 1 - len(out))
         except zlib.error as error:
             raise DecodeError(
                 f"the body is not valid {coding} data: {error}", param="Content-Encoding"
             ) from None
         if len(out) > limit or decoder.unconsumed_tail:
             raise _too_large(limit, len(out), hint)
-        if not decoder.eof:
-            raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
-        data = decoder.unused_data
-        if not data:
-            return bytes(out)
-        if coding == "deflate":
-            raise DecodeError(
-                f"{len(data)} bytes follow the deflate data", param="Content-Encoding"
-            )
+        if decoder.eof:
+            members += 1
+            carried = decoder.unused_data  # at most one piece
+            if not carried and pos >= len(view):
+                return bytes(out)
+            if coding == "deflate":
+                rest = len(carried) + max(len(view) - pos, 0)
+                raise DecodeError(f"{rest} bytes follow the deflate data", param="Content-Encoding")
+            if members >= MAX_GZIP_MEMBERS:
+                raise DecodeError(
+                    f"the gzip body holds more than {MAX_GZIP_MEMBERS} members",
+                    param="Content-Encoding",
+                )
+            decoder, started = zlib.decompressobj(wbits), False
+    if members and not started:
+        return bytes(out)
+    raise DecodeError(f"the {coding} body is truncated", param="Content-Encoding")
 
 
 def _without_coding(scope: Scope, size: int) -> Scope:

@@ -289,9 +289,14 @@ def main() -> int:
     """``python -m service.settings``: read the ``LEAD_*`` settings once and say what is
     wrong, exit status 1 (``scripts/serve.sh`` and the Docker image run it before uvicorn,
     whose supervisor would otherwise restart refusing workers forever)."""
+    from service.loader import resolve_device  # torch: only for this check
+
     try:
-        Settings()
+        resolve_device(Settings().device)
     except ValidationError as exc:
+        sys.stderr.write(f"LEAD settings: {exc}\n")
+        return 1
+    except RuntimeError as exc:  # CUDA asked for, none there
         sys.stderr.write(f"LEAD settings: {exc}\n")
         return 1
     return 0

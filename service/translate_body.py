@@ -221,7 +221,10 @@ def _refuse_bad_fields(body: bytes) -> None:
             message = f"Value error, {len(raw)} bytes of JSON: options are short strings, booleans"
             error = {"type": "value_error", "loc": ("body", key), "input": None}
             raise RequestValidationError([{**error, "msg": message}])
-        fields[key] = msgspec.json.decode(raw)
+        try:
+            fields[key] = msgspec.json.decode(raw)
+        except (msgspec.MsgspecError, RecursionError):  # e.g. 1e999, invalid UTF-8
+            return  # the plain parse that follows names it
     _check_options(fields)
 
 

@@ -57,6 +57,8 @@ def test_an_error_names_the_callers_row(http: TestClient, scifact_small: Any) ->
     with pytest.raises(ZeroVectorError) as raised:
         LeadClient(http=http).translate(x, stitch="minilm-to-mpnet")
     assert raised.value.param == "input[75]"  # row 25 of the second request
+    assert raised.value.row == 75
+    assert "input[75] is a zero vector" in str(raised.value)
 
 
 def test_a_refused_request_is_sent_again_after_retry_after(

@@ -195,3 +195,8 @@ def test_the_settings_check_exits_1_naming_the_problem() -> None:
     assert "needs enable_jobs=false" in done.stderr
     env["LEAD_ENABLE_JOBS"] = "false"
     assert subprocess.run(cmd, env=env, capture_output=True, timeout=120).returncode == 0
+    if not torch.cuda.is_available():  # the device, which create_app checks, is checked too
+        env["LEAD_DEVICE"] = "cuda"
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1
+        assert "CUDA is not available" in done.stderr

@@ -396,3 +396,16 @@ def test_a_bad_field_is_named_before_the_vectors_are_counted(
     (error,) = info.value.errors()
     assert error["loc"] == ("body", param)
     assert words in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "option", [b'"direction":"\xff"', b'"normalize":1e999', b'"stitch":"\xff\xfe"'], ids=str
+)
+def test_an_option_msgspec_cannot_build_is_a_clean_4xx(
+    registry: StitchRegistry, option: bytes
+) -> None:
+    body = b'{"stitch":"s",' + option + b',"input":[[1,2,3,4,5,6]]}'
+    with pytest.raises((RequestValidationError, LeadError)) as info:
+        decode_request(body, registry, MAX_VECTORS)
+    error = info.value
+    assert isinstance(error, RequestValidationError) or kind_of(error)[0] in (400, 422)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,7 +23,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -283,24 +281,3 @@ class Settings(BaseSettings):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
-
-
-def main() -> int:
-    """``python -m service.settings``: read the ``LEAD_*`` settings once and say what is
-    wrong, exit status 1 (``scripts/serve.sh`` and the Docker image run it before uvicorn,
-    whose supervisor would otherwise restart refusing workers forever)."""
-    from service.loader import resolve_device  # torch: only for this check
-
-    try:
-        resolve_device(Settings().device)
-    except ValidationError as exc:
-        sys.stderr.write(f"LEAD settings: {exc}\n")
-        return 1
-    except RuntimeError as exc:  # CUDA asked for, none there
-        sys.stderr.write(f"LEAD settings: {exc}\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -182,14 +182,14 @@ def test_register_at_run_time(make_client: Any, fitted: Any, queries: Any) -> No
 
 
 def test_the_settings_check_exits_1_naming_the_problem() -> None:
-    """``python -m service.settings`` (run by scripts/serve.sh before uvicorn, whose
+    """``python -m service.settings_check`` (run by scripts/serve.sh before uvicorn, whose
     supervisor restarts refusing workers forever) exits 1 and names the problem."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "LEAD_WORKERS": "2", "LEAD_ENABLE_JOBS": "true"}
-    cmd = [sys.executable, "-m", "service.settings"]
+    cmd = [sys.executable, "-m", "service.settings_check"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "needs enable_jobs=false" in done.stderr

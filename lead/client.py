@@ -486,13 +486,16 @@ class LeadClient:
         if size < 1:
             raise le.InvalidInputError(f"batch_size must be at least 1, got {size}")
         send = self._translate_arrow if format == "arrow" else self._translate_json
-        names = {"stitch": stitch, "source_model": source_model, "target_model": target_model}
+        # the stitch by id, else the models (the server names what is missing)
+        models = {"source_model": source_model, "target_model": target_model}
+        naming = {"stitch": stitch} if stitch is not None else models
+        naming = {key: value for key, value in naming.items() if value is not None}
         parts: list[np.ndarray] = []
         for start in range(0, max(len(rows), 1), size):
             chunk = rows[start : start + size]
 
             def call(chunk: np.ndarray = chunk) -> np.ndarray:
-                return send(chunk, normalize=normalize, **names)
+                return send(chunk, normalize=normalize, naming=naming)
 
             try:
                 parts.append(self._retrying(call, retries))
@@ -527,43 +530,18 @@ class LeadClient:
         raise AssertionError("unreachable")
 
     def _translate_json(
-        self,
-        rows: np.ndarray,
-        *,
-        normalize: bool,
-        stitch: str | None,
-        source_model: str | None,
-        target_model: str | None,
+        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str]
     ) -> np.ndarray:
-        body: dict[str, Any] = {
-            "input": encode_base64(rows),
-            "encoding_format": "base64",
-            "normalize": normalize,
-        }
-        if stitch is not None:
-            body["stitch"] = stitch
-        else:
-            body["source_model"], body["target_model"] = source_model, target_model
-        response = self._request("POST", "/v1/translate", json=body)
+        body = {"input": encode_base64(rows), "encoding_format": "base64", "normalize": normalize}
+        response = self._request("POST", "/v1/translate", json={**body, **naming})
         return _decode_base64([item["embedding"] for item in response["data"]])
 
     def _translate_arrow(
-        self,
-        rows: np.ndarray,
-        *,
-        normalize: bool,
-        stitch: str | None,
-        source_model: str | None,
-        target_model: str | None,
+        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str]
     ) -> np.ndarray:
-        content = _arrow.vectors_stream(rows)
-        if stitch is not None:
-            params = {"stitch": stitch}
-        else:
-            models = {"source_model": source_model, "target_model": target_model}
-            params = {key: value for key, value in models.items() if value is not None}
-        params["normalize"] = "true" if normalize else "false"
+        params = {**naming, "normalize": "true" if normalize else "false"}
         headers = {**self._headers, "Content-Type": _arrow.ARROW_STREAM}
+        content = _arrow.vectors_stream(rows)
         response = self.http.post("/v1/translate", content=content, params=params, headers=headers)
         if response.is_error:
             raise _error_from(response)

@@ -32,12 +32,12 @@ import numpy as np
 import orjson
 import pyarrow as pa
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from lead.errors import DecodeError, InvalidInputError, ShapeMismatchError
 from service._arrow_stream import check_stream
 from service.encoding import check_finite
 from service.schemas import TranslateOptions
+from service.translate_body import check_options
 
 __all__ = [
     "ARROW_STREAM",
@@ -106,13 +106,7 @@ def query_options(params: Iterable[tuple[str, str]]) -> TranslateOptions:
             "encoding_format applies to JSON bodies only",
             fields["encoding_format"],
         )
-    try:
-        return TranslateOptions.model_validate(fields)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
-        raise RequestValidationError(
-            [{**error, "loc": ("query", *error["loc"])} for error in errors]
-        ) from None
+    return check_options(fields, "query")
 
 
 def refuse_query_options(params: Iterable[tuple[str, str]]) -> None:

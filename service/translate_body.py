@@ -53,6 +53,7 @@ __all__ = [
     "TranslateFields",
     "Vector",
     "Vectors",
+    "check_options",
     "decode_body",
     "decode_request",
     "find_route",
@@ -225,7 +226,7 @@ def _refuse_bad_fields(body: bytes) -> None:
             fields[key] = msgspec.json.decode(raw)
         except (msgspec.MsgspecError, RecursionError):  # e.g. 1e999, invalid UTF-8
             return  # the plain parse that follows names it
-    _check_options(fields)
+    check_options(fields)
 
 
 #: The longest JSON value an option may have (a Hub id ``org/name@revision`` is far shorter).
@@ -263,23 +264,24 @@ def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
             [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
         )
     fields = {key: value for key, value in payload.items() if key != "input"}
-    return _check_options(fields), payload["input"]
+    return check_options(fields), payload["input"]
 
 
-def _check_options(fields: dict[str, Any]) -> TranslateOptions:
-    """The options of a translate body (everything but ``input``), validated.
+def check_options(fields: dict[str, Any], where: str = "body") -> TranslateOptions:
+    """The options of a translate request (a JSON body's fields but ``input``, or an Arrow
+    request's query parameters), validated.
 
     Raises
     ------
     RequestValidationError
-        As FastAPI would (422 ``validation_error``), naming ``body.<field>``.
+        As FastAPI would (422 ``validation_error``), naming ``<where>.<field>``.
     """
     try:
         return TranslateOptions.model_validate(fields)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
         raise RequestValidationError(
-            [{**error, "loc": ("body", *error["loc"])} for error in errors]
+            [{**error, "loc": (where, *error["loc"])} for error in errors]
         ) from None
 
 

@@ -132,12 +132,19 @@ def scale_to_unit(
     if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
         return x, None
     work = _working(x)
-    off = _off_unit(work)
+    scaled, zero = _rescale(work, _off_unit(work))
+    return scaled.to(x.dtype), zero.flatten()
+
+
+def _rescale(work: Tensor, off: Tensor) -> tuple[Tensor, Tensor]:
+    """``work`` with its ``off`` rows (n, 1) scaled to unit length, and the (n, 1) mask of
+    its zero rows (left unchanged). Each row is divided by its largest magnitude first, so
+    that finite rows whose squared norm would overflow or underflow are scaled exactly."""
     peak = work.abs().amax(dim=1, keepdim=True)
     zero = peak < torch.finfo(work.dtype).tiny
     scaled = work / torch.where(zero, 1.0, peak)
     unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
-    return torch.where(off & ~zero, unit, work).to(x.dtype), zero.flatten()
+    return torch.where(off & ~zero, unit, work), zero
 
 
 def normalize_input(
@@ -188,10 +195,7 @@ def normalize_input(
     rescaled = int(off.sum())
     if rescaled == 0:
         return x, 0
-    peak = work.abs().amax(dim=1, keepdim=True)
-    zero = peak < torch.finfo(work.dtype).tiny
+    scaled, zero = _rescale(work, off)
     if bool(zero.any()):
         raise zero_vector_error(int(zero.flatten().nonzero()[0]), param)
-    scaled = work / peak
-    unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
-    return torch.where(off, unit, work).to(x.dtype), rescaled
+    return scaled.to(x.dtype), rescaled

@@ -27,7 +27,8 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── NotFoundError (LookupError)
     │   ├── StitchNotFoundError                   no stitch (or chain) with that id / models
     │   ├── JobNotFoundError
-    │   └── DatasetNotFoundError
+    │   ├── DatasetNotFoundError
+    │   └── StoreNotFoundError                    no such table, column, collection or file
     ├── FitError (RuntimeError)                   fitting failed or diverged
     ├── NonFiniteOutputError (RuntimeError)       a stitch produced NaN / infinity
     ├── AuthenticationError (PermissionError)     missing or wrong API key
@@ -39,7 +40,9 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── NotReadyError (RuntimeError)              stitches not loaded yet (retry_after)
     ├── FeatureDisabledError (RuntimeError)       a feature this server is configured without
     ├── JobCancelledError (RuntimeError)          raised inside a training run to stop it
-    └── HubError (RuntimeError)                   Hugging Face Hub download / upload failed
+    ├── HubError (RuntimeError)                   Hugging Face Hub download / upload failed
+    └── StoreError (RuntimeError)                 a vector store that cannot be reached or
+                                                  refuses the credentials (migrations)
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ __all__ = [
     "ShapeMismatchError",
     "StitchFormatError",
     "StitchNotFoundError",
+    "StoreError",
+    "StoreNotFoundError",
     "TooFewPairsError",
     "UnknownArchitectureError",
     "UnsupportedMediaTypeError",
@@ -209,6 +214,10 @@ class DatasetNotFoundError(NotFoundError):
     """No uploaded dataset with that id."""
 
 
+class StoreNotFoundError(NotFoundError):
+    """A vector store's table, column, collection, named vector or file that does not exist."""
+
+
 class FitError(LeadError, RuntimeError):
     """Fitting failed: the solver broke down or training diverged."""
 
@@ -272,3 +281,7 @@ class JobCancelledError(LeadError, RuntimeError):
 
 class HubError(LeadError, RuntimeError):
     """Downloading from or uploading to the Hugging Face Hub failed."""
+
+
+class StoreError(LeadError, RuntimeError):
+    """A vector store that cannot be reached, or that refuses the credentials or a query."""

@@ -83,6 +83,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.StitchNotFoundError: ErrorKind(404, "not_found_error", "stitch_not_found"),
     le.JobNotFoundError: ErrorKind(404, "not_found_error", "job_not_found"),
     le.DatasetNotFoundError: ErrorKind(404, "not_found_error", "dataset_not_found"),
+    le.StoreNotFoundError: ErrorKind(404, "not_found_error", "store_not_found"),
     le.FitError: ErrorKind(422, _INVALID, "fit_failed"),
     le.NonFiniteOutputError: ErrorKind(422, _INVALID, "non_finite_output"),
     le.AuthenticationError: ErrorKind(401, "authentication_error", "invalid_api_key"),
@@ -94,6 +95,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.FeatureDisabledError: ErrorKind(503, "service_unavailable_error", "feature_disabled"),
     le.JobCancelledError: ErrorKind(409, _INVALID, "job_cancelled"),
     le.HubError: ErrorKind(502, "server_error", "hub_error"),
+    le.StoreError: ErrorKind(502, "server_error", "store_error"),
 }
 
 _HTTP_CODES = {

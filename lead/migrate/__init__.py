@@ -1,0 +1,111 @@
+"""Migrate a vector store to a new embedding model by translating its vectors.
+
+Four steps, run in order (``lead migrate {plan,calibrate,apply,verify}`` on the command line):
+
+1. :func:`plan` — what the source holds and what the migration will cost;
+2. :func:`calibrate` — fit a stitch on a paired sample and score it (go / no-go);
+3. :func:`apply` — stream every vector through the stitch into a new target, resumably;
+4. :func:`verify` — compare translated with native vectors and write a report.
+
+Stores are addressed by URI (:mod:`lead.migrate.stores`): PostgreSQL + pgvector, Qdrant,
+Parquet, ``.npy`` and ``.safetensors``. The source is never modified.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lead.migrate.apply import ApplyResult, run_apply
+from lead.migrate.stores import open_source, open_target
+from lead.migrate.translator import LocalTranslator, RemoteTranslator, Translator, make_translator
+
+__all__ = [
+    "ApplyResult",
+    "LocalTranslator",
+    "RemoteTranslator",
+    "Translator",
+    "apply",
+    "make_translator",
+    "open_source",
+    "open_target",
+]
+
+
+def apply(
+    source: str,
+    target: str,
+    stitch: str | Path | Translator,
+    *,
+    server: str | None = None,
+    batch_size: int = 8192,
+    inverse: bool = False,
+    normalize: bool = False,
+    skip_null: bool = False,
+    device: str | None = None,
+    progress: Any = True,
+) -> ApplyResult:
+    """Translate every vector of ``source`` into the new ``target``; resume where a run stopped.
+
+    Parameters
+    ----------
+    source, target : str
+        Store URIs (:mod:`lead.migrate.stores`). The target must not exist, or hold the
+        checkpoint of this same migration (then the run resumes; a finished one is a no-op).
+    stitch : str, Path or Translator
+        A stitch folder, a bundled stitch id, a Hub repo id, or (with ``server``) a stitch
+        id the server serves; or a ready :class:`Translator`.
+    server : str, optional
+        Translate through this LEAD server instead of in-process.
+    batch_size : int, default 8192
+        Rows per read, translation and atomic write.
+    inverse, normalize : bool
+        Run an invertible stitch backwards; L2-normalise the output rows.
+    skip_null : bool, default False
+        Leave NULL vectors out instead of refusing them.
+    device : str, optional
+        ``cpu`` or ``cuda`` for the in-process stitch.
+    progress : bool or callable
+        A progress bar on stderr, or ``f(rows_done, rows_total)``.
+
+    Returns
+    -------
+    ApplyResult
+
+    Raises
+    ------
+    InvalidInputError, ShapeMismatchError, NonFiniteError, ZeroVectorError
+        Bad vectors, ids or settings, found before anything is written (a zero vector
+        for a unit-input stitch, when reached).
+    StoreNotFoundError, StoreError
+        A missing table / collection / file; a store that cannot be reached.
+    ConflictError
+        A target with other content, or another migration's.
+    """
+    translator = (
+        stitch
+        if not isinstance(stitch, str | Path)
+        else make_translator(
+            stitch, server=server, inverse=inverse, normalize=normalize, device=device
+        )
+    )
+    try:
+        with open_source(source) as src, open_target(target) as tgt:
+            return run_apply(
+                src,
+                tgt,
+                translator,
+                batch_size=batch_size,
+                inverse=inverse,
+                normalize=normalize,
+                skip_null=skip_null,
+                column=_column_name(src),
+                progress=progress,
+            )
+    finally:
+        if isinstance(stitch, str | Path):
+            translator.close()
+
+
+def _column_name(source: Any) -> str:
+    return str(getattr(source, "name", None) or getattr(source, "column", None) or source.info.uri)

@@ -1,0 +1,265 @@
+"""``apply``: stream every vector of a source store through a stitch into a new target.
+
+Three stages overlap, each with a bounded queue, so memory holds a few batches whatever the
+store's size: a thread reads batch k+2 from the source while batch k+1 is translated
+(several at once through a server) and batch k is written. Each write lands with the
+checkpoint in one atomic step (:meth:`lead.migrate.stores.Target.write`), so a run killed
+at any point (SIGKILL included) resumes after the last batch that landed and writes every
+row exactly once; a finished migration run again writes nothing.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lead.errors import InvalidInputError, ShapeMismatchError, ZeroVectorError
+from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target
+from lead.migrate.translator import Translator
+
+__all__ = ["ApplyResult", "check_dims", "migration_spec", "run_apply"]
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What :func:`run_apply` did.
+
+    Attributes
+    ----------
+    rows_written : int
+        Rows this run wrote.
+    rows_total : int
+        Rows in the target now.
+    resumed_from : int
+        Rows already in the target when this run started.
+    seconds : float
+    """
+
+    target: str
+    rows_written: int
+    rows_total: int
+    resumed_from: int
+    seconds: float
+    already_done: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "rows_written": self.rows_written,
+            "rows_total": self.rows_total,
+            "resumed_from": self.resumed_from,
+            "seconds": round(self.seconds, 3),
+            "already_done": self.already_done,
+        }
+
+
+def check_dims(source: Source, translator: Translator, column: str) -> None:
+    """Refuse a source whose dimension is not the stitch's input dimension.
+
+    Raises
+    ------
+    ShapeMismatchError
+        Naming the source column and the stitch.
+    """
+    ref = translator.ref
+    if source.info.dim != ref.d_in:
+        raise ShapeMismatchError(
+            f"{column} of {source.info.uri} has dimension {source.info.dim}, but stitch "
+            f"{ref.name} ({ref.source_model} -> {ref.target_model}) expects {ref.d_in}",
+            expected=ref.d_in,
+            got=source.info.dim,
+            param="stitch",
+        )
+
+
+def migration_spec(
+    source: Source, translator: Translator, *, inverse: bool, normalize: bool
+) -> MigrationSpec:
+    """What the target records about this migration (a resumed run must match it)."""
+    ref = translator.ref
+    return MigrationSpec(
+        source=source.info.uri,
+        stitch=ref.name,
+        stitch_sha256=ref.sha256,
+        inverse=inverse,
+        dim=ref.d_out,
+        id_kind=source.info.id_kind,
+        normalize=normalize,
+        extra={"source_model": ref.source_model, "target_model": ref.target_model},
+    )
+
+
+def _read_ahead(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """Iterate ``batches`` in a thread, up to ``depth`` batches ahead."""
+    box: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        box.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put(_DONE)
+        except BaseException as error:  # handed to the consumer, raised there
+            box.put(error)
+
+    thread = threading.Thread(target=pump, name="lead-migrate-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = box.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def _translate(translator: Translator, batch: Batch, column: str) -> np.ndarray:
+    try:
+        return translator(batch.vectors)
+    except ZeroVectorError as error:
+        bad = batch.ids[error.row] if 0 <= error.row < len(batch.ids) else "?"
+        raise ZeroVectorError(
+            f"the vector of id {bad} in {column} is all zeros; the stitch was fitted on "
+            "unit-length vectors and cannot scale it",
+            row=error.row,
+            param=f"{column}[{bad}]",
+        ) from None
+
+
+def _translated(
+    batches: Iterator[Batch], translator: Translator, column: str
+) -> Iterator[tuple[Batch, np.ndarray]]:
+    """Translate batches in order, up to ``translator.concurrency`` at once."""
+    width = max(1, int(translator.concurrency))
+    if width == 1:
+        for batch in batches:
+            yield batch, _translate(translator, batch, column)
+        return
+    with ThreadPoolExecutor(width, thread_name_prefix="lead-migrate-translate") as pool:
+        pending: deque[tuple[Batch, Future[np.ndarray]]] = deque()
+        for batch in batches:
+            pending.append((batch, pool.submit(_translate, translator, batch, column)))
+            if len(pending) > width:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+
+def run_apply(
+    source: Source,
+    target: Target,
+    translator: Translator,
+    *,
+    batch_size: int = 8192,
+    inverse: bool = False,
+    normalize: bool = False,
+    skip_null: bool = False,
+    column: str = "the source column",
+    progress: Callable[[int, int], None] | bool = True,
+) -> ApplyResult:
+    """Translate every vector of ``source`` into ``target``; resume where a run stopped.
+
+    Parameters
+    ----------
+    source : Source
+        Read only; never modified.
+    target : Target
+        Created, or resumed when it holds this migration's checkpoint.
+    translator : Translator
+        In-process or through a server (:mod:`lead.migrate.translator`).
+    batch_size : int, default 8192
+        Rows per read, translation and atomic write.
+    skip_null : bool, default False
+        Leave rows whose vector is NULL out of the target; by default they are refused.
+    column : str
+        How errors name the source column.
+    progress : bool or callable, default True
+        A progress bar on stderr with rate and ETA; or ``f(rows_done, rows_total)``.
+
+    Returns
+    -------
+    ApplyResult
+
+    Raises
+    ------
+    InvalidInputError
+        ``batch_size`` below 1; NULL vectors (without ``skip_null``), non-finite values or
+        duplicate ids in the source, found before anything is written.
+    ShapeMismatchError
+        The source's dimension is not the stitch's.
+    ConflictError
+        The target exists with other content, or holds another migration.
+    ZeroVectorError
+        A zero vector for a stitch fitted on unit-length vectors (naming its id).
+    """
+    if batch_size < 1:
+        raise InvalidInputError(
+            f"batch size must be at least 1, got {batch_size}", param="batch_size"
+        )
+    started = time.perf_counter()
+    check_dims(source, translator, column)
+    source.check(skip_null=skip_null)
+    spec = migration_spec(source, translator, inverse=inverse, normalize=normalize)
+    state = target.open(spec, source.info)
+    resumed = state.rows_written
+    if state.done:
+        return ApplyResult(target.uri, 0, resumed, resumed, time.perf_counter() - started, True)
+    nulls = source.info.null_rows or 0
+    total = source.info.rows - (nulls if skip_null else 0)
+    report, close = _progress(progress, total, resumed)
+    written = resumed
+    try:
+        reader = _read_ahead(source.batches(batch_size, after=state.position), depth=2)
+        for batch, out in _translated(reader, translator, column):
+            written += len(batch.ids)
+            state = Progress(position=batch.position, rows_written=written)
+            target.write(batch.ids, out, state)
+            report(written)
+        target.finish(Progress(position=state.position, rows_written=written, done=True))
+    finally:
+        close()
+    seconds = time.perf_counter() - started
+    return ApplyResult(target.uri, written - resumed, written, resumed, seconds, False)
+
+
+def _progress(
+    progress: Callable[[int, int], None] | bool, total: int, initial: int
+) -> tuple[Callable[[int], None], Callable[[], None]]:
+    if callable(progress):
+        callback = progress
+        return (lambda done: callback(done, total)), (lambda: None)
+    if not progress:
+        return (lambda done: None), (lambda: None)
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total, initial=initial, unit="vec", unit_scale=True, desc="apply", file=sys.stderr
+    )
+
+    def update(done: int) -> None:
+        bar.update(done - bar.n)
+
+    return update, bar.close

@@ -1,0 +1,384 @@
+"""Vector stores a migration reads from and writes to, addressed by URI.
+
+A store URI names the kind of store by its scheme:
+
+* ``postgresql://user@host:port/db?table=T&column=C&id=ID`` — PostgreSQL with pgvector
+  (:mod:`lead.migrate.pgvector`);
+* ``qdrant://host:port/collection?vector=NAME``, or ``qdrant:///path/to/storage/collection``
+  for qdrant-client's local (embedded) mode (:mod:`lead.migrate.qdrant`);
+* a path (or ``file://`` URI) to a Parquet file or folder, a ``.npy`` file or a
+  ``.safetensors[:tensor]`` file (:mod:`lead.migrate.files`).
+
+LEAD's own query parameters (:data:`LEAD_PARAMS`) are taken out of the URI before
+connecting; the others (``host=/path/to/socket``, ``sslmode=require``, ...) go to the
+client library as they are.
+
+A source yields :class:`Batch` es in a fixed order, each with the *position* to resume
+after it; a target stores that position in the same atomic write as the rows
+(:class:`Target.write`), so a migration killed at any point resumes exactly after the last
+batch that landed, and every row is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+
+from lead.errors import InvalidInputError
+
+__all__ = [
+    "LEAD_PARAMS",
+    "Batch",
+    "Closing",
+    "MigrationSpec",
+    "Progress",
+    "Source",
+    "SourceInfo",
+    "StoreURI",
+    "Target",
+    "open_source",
+    "open_target",
+    "parse_store_uri",
+    "with_params",
+]
+
+#: Query parameters LEAD reads itself; the rest of a URI's query goes to the client library.
+LEAD_PARAMS = ("table", "column", "id", "vector", "type")
+
+
+@dataclass(frozen=True)
+class StoreURI:
+    """A parsed store URI.
+
+    Attributes
+    ----------
+    scheme : str
+        ``postgresql``, ``qdrant`` or ``file``.
+    uri : str
+        The URI without LEAD's parameters and without a password (safe to print and store).
+    connect : str
+        The URI without LEAD's parameters, password included: what the client library gets.
+    params : dict of str to str
+        LEAD's parameters (:data:`LEAD_PARAMS`) found in the query.
+    path : str
+        The URI's path (the database, the collection, or the file).
+    """
+
+    scheme: str
+    uri: str
+    connect: str
+    params: dict[str, str]
+    path: str
+
+
+def parse_store_uri(uri: str) -> StoreURI:
+    """Parse a store URI; a bare path is a ``file`` URI.
+
+    Raises
+    ------
+    InvalidInputError
+        An unknown scheme, or a LEAD parameter given twice.
+    """
+    text = str(uri)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file") or len(scheme) == 1:  # a bare path (or a Windows drive)
+        path, _, query = (parts.path if scheme == "file" else text).partition("?")
+        if scheme == "file" and parts.query:
+            query = parts.query
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        unknown = sorted(set(params) - set(LEAD_PARAMS))
+        if unknown:
+            raise InvalidInputError(
+                f"{text}: unknown parameter {unknown[0]!r} for a file store "
+                f"(known: {', '.join(LEAD_PARAMS)})",
+                param="uri",
+            )
+        return StoreURI("file", path, path, params, path)
+    if scheme in ("postgres", "postgresql"):
+        scheme = "postgresql"
+    elif scheme != "qdrant":
+        raise InvalidInputError(
+            f"{text}: unknown store scheme {parts.scheme!r}; use postgresql://, qdrant:// "
+            "or a path to a Parquet, .npy or .safetensors file",
+            param="uri",
+        )
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = [(k, v) for k, v in pairs if k in LEAD_PARAMS]
+    names = [k for k, _ in ours]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"{_redact(parts)}: a parameter is given twice", param="uri")
+    rest = urlencode([(k, v) for k, v in pairs if k not in LEAD_PARAMS], safe="/")
+    connect = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
+    safe = urlunsplit((parts.scheme, _netloc_without_password(parts), parts.path, rest, ""))
+    return StoreURI(scheme, safe, connect, dict(ours), parts.path)
+
+
+def with_params(uri: str, **params: str | None) -> str:
+    """``uri`` with LEAD's ``params`` appended to its query (those that are not None)."""
+    extra = urlencode({k: v for k, v in params.items() if v is not None}, safe="/.")
+    if not extra:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}{extra}"
+
+
+def _netloc_without_password(parts: Any) -> str:
+    if not parts.password:
+        return str(parts.netloc)
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return f"{user}:***@{host}"
+
+
+def _redact(parts: Any) -> str:
+    return urlunsplit((parts.scheme, _netloc_without_password(parts), parts.path, "", ""))
+
+
+@dataclass
+class Batch:
+    """Rows read from a source, in order.
+
+    Attributes
+    ----------
+    ids : ndarray of shape (m,)
+        int64, or object (str) for stores with text ids.
+    vectors : ndarray of shape (m, d), float32
+    position : Any
+        JSON-serialisable: where to resume after this batch (:meth:`Source.batches`).
+    """
+
+    ids: np.ndarray
+    vectors: np.ndarray
+    position: Any = None
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What :meth:`Source.describe` finds without reading every vector.
+
+    Attributes
+    ----------
+    uri : str
+        The store URI without a password.
+    rows : int
+        Rows in the source (NULL vectors included).
+    dim : int
+        Vector dimension.
+    id_kind : {"int", "str"}
+        Whether ids are integers or text.
+    null_rows : int or None
+        Rows whose vector is NULL / missing (None: not known without a full scan).
+    vector_type : str
+        How vectors are stored: ``float32``, ``float16``, ``vector``, ``halfvec``.
+    """
+
+    uri: str
+    rows: int
+    dim: int
+    id_kind: str
+    null_rows: int | None
+    vector_type: str = "float32"
+
+
+@dataclass(frozen=True)
+class MigrationSpec:
+    """What a target records about the migration that fills it; a resumed run must match.
+
+    Attributes
+    ----------
+    source : str
+        The source URI (without a password).
+    stitch : str
+        The stitch as named by the user.
+    stitch_sha256 : str
+        SHA-256 of the stitch's weights: a resumed run with other weights is refused.
+    inverse : bool
+    dim : int
+        Output dimension.
+    id_kind : {"int", "str"}
+    normalize : bool
+        Output rows L2-normalised.
+    """
+
+    source: str
+    stitch: str
+    stitch_sha256: str
+    inverse: bool
+    dim: int
+    id_kind: str
+    normalize: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "stitch": self.stitch,
+            "stitch_sha256": self.stitch_sha256,
+            "inverse": self.inverse,
+            "dim": self.dim,
+            "id_kind": self.id_kind,
+            "normalize": self.normalize,
+            **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A target's checkpoint: where the last landed batch ended.
+
+    Attributes
+    ----------
+    position : Any
+        The source position after the last written batch (None: nothing written yet).
+    rows_written : int
+    done : bool
+        The migration finished; running it again writes nothing.
+    """
+
+    position: Any = None
+    rows_written: int = 0
+    done: bool = False
+
+
+class Closing:
+    """``with store:`` closes it; every store class derives from this."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Source(Protocol):
+    """A store read by a migration (never modified)."""
+
+    info: SourceInfo
+
+    def check(self, *, skip_null: bool = False) -> None:
+        """Refuse what a migration cannot translate, before anything is written.
+
+        Raises
+        ------
+        InvalidInputError
+            A NULL vector (unless ``skip_null``), a non-finite value or a duplicate id,
+            naming the id and the column.
+        """
+
+    def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
+        """Rows with a vector, in a fixed order, from just after position ``after``."""
+
+    def fetch(self, ids: np.ndarray) -> np.ndarray:
+        """Vectors (len(ids), dim) float32 of these ids, in the same order.
+
+        Raises
+        ------
+        InvalidInputError
+            An id that is not in the store, or whose vector is NULL.
+        """
+
+    def sample_ids(self, n: int, seed: int) -> np.ndarray:
+        """Up to ``n`` ids of rows with a vector, drawn at random with ``seed``."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Target(Protocol):
+    """A new table, column, collection or folder that a migration fills."""
+
+    uri: str
+
+    def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
+        """Create the target, or find the checkpoint of the same migration in it.
+
+        Raises
+        ------
+        ConflictError
+            The target exists with other content, or was filled by another migration
+            (another source, stitch or dimension).
+        """
+
+    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
+        """Write rows and the checkpoint ``progress`` in one atomic step."""
+
+    def finish(self, progress: Progress) -> None:
+        """Mark the migration done (indexes, the final rename, ...)."""
+
+    def fetch(self, ids: np.ndarray) -> np.ndarray:
+        """Translated vectors (len(ids), dim) of these ids (for ``verify``)."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def open_source(uri: str) -> Source:
+    """Open the store named by ``uri`` for reading (see the module docstring).
+
+    Raises
+    ------
+    InvalidInputError
+        A bad URI, or a store kind whose client library is not installed.
+    StoreNotFoundError
+        No such table, column, collection or file.
+    StoreError
+        The store cannot be reached or refuses the credentials.
+    """
+    parsed = parse_store_uri(uri)
+    if parsed.scheme == "postgresql":
+        from lead.migrate.pgvector import PgVectorSource
+
+        return PgVectorSource(parsed)
+    if parsed.scheme == "qdrant":
+        from lead.migrate.qdrant import QdrantSource
+
+        return QdrantSource(parsed)
+    from lead.migrate.files import open_file_source
+
+    return open_file_source(parsed)
+
+
+def open_target(uri: str, *, source: StoreURI | None = None) -> Target:
+    """The target named by ``uri`` (created by :meth:`Target.open`).
+
+    ``source`` is the parsed source URI: a pgvector target may be a new column of the
+    source's own table.
+    """
+    parsed = parse_store_uri(uri)
+    if parsed.scheme == "postgresql":
+        from lead.migrate.pgvector import PgVectorTarget
+
+        return PgVectorTarget(parsed)
+    if parsed.scheme == "qdrant":
+        from lead.migrate.qdrant import QdrantTarget
+
+        return QdrantTarget(parsed)
+    from lead.migrate.files import ParquetTarget
+
+    return ParquetTarget(Path(parsed.path), parsed.params)
+
+
+def require(module: str, extra: str) -> Any:
+    """Import an optional client library, or say which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise InvalidInputError(
+            f"this store needs {module!r}: pip install 'lead-stitch[{extra}]'", param="uri"
+        ) from None

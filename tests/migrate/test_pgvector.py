@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lead import migrate
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -12,7 +13,6 @@ from lead.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from lead import migrate
 from lead.migrate.stores import open_source, open_target, with_params
 from lead.migrate.translator import LocalTranslator
 from tests.migrate.conftest import checksum, make_table, sql

@@ -517,8 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     translate.set_defaults(handler=_translate)
 
     from lead._remote_cli import add_remote_commands  # datasets, jobs, align (on a server)
+    from lead.migrate.cli import add_migrate_commands  # migrate a vector store
 
     add_remote_commands(commands)
+    add_migrate_commands(commands)
     return parser
 
 

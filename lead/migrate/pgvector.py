@@ -63,6 +63,12 @@ def _connect(parsed: StoreURI) -> Any:
         raise StoreError(f"cannot connect to {parsed.uri}: {reason}", param="uri") from None
 
 
+def _psycopg_error() -> type[Exception]:
+    psycopg = require("psycopg", "pgvector")
+    error: type[Exception] = psycopg.Error
+    return error
+
+
 def _split(table: str) -> tuple[str, str]:
     schema, _, name = table.rpartition(".")
     return schema or "public", name
@@ -281,14 +287,25 @@ class PgVectorSource(Closing):
         )
         copy_sql = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(self._select(after))
         conn = _connect(self.parsed)
+        stopped = False
         try:
             with conn.cursor() as cursor, cursor.copy(copy_sql) as copy:
-                for chunk in copy:
-                    parser.feed(chunk)
-                    while parser.rows_ready() >= batch_size:
+                try:
+                    for chunk in copy:
+                        parser.feed(chunk)
+                        while parser.rows_ready() >= batch_size:
+                            yield parser.take(batch_size)
+                    while parser.rows_ready():
                         yield parser.take(batch_size)
-                while parser.rows_ready():
-                    yield parser.take(batch_size)
+                except GeneratorExit:
+                    # the consumer stopped early: have the server stop streaming the rest
+                    # of the table instead of reading it to the end
+                    stopped = True
+                    conn.cancel_safe()
+                    raise
+        except _psycopg_error() as error:
+            if not stopped:
+                raise StoreError(f"reading {self.name} failed: {error}") from None
         finally:
             conn.close()
 

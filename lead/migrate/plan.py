@@ -1,0 +1,165 @@
+"""``plan``: what a source holds and what migrating it will cost, before anything is written.
+
+The row count, dimension, NULL rows and id kind come from the store's metadata (a pgvector
+``count(*)``, Parquet footers). Problems a migration would refuse (NULL vectors, NaN,
+duplicate ids, a dimension the stitch does not take) are listed rather than raised, so a
+plan always comes back. Time is estimated from one batch read and translated here (at most
+:data:`PROBE_ROWS` rows), scaled linearly to the table; the write side is assumed to cost
+what the read side did per byte, scaled by the output / input size. It is an estimate from
+a probe: ``apply``'s progress bar shows the real rate.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+from lead.errors import InvalidInputError, LeadError
+from lead.migrate.apply import check_dims
+from lead.migrate.stores import Source
+from lead.migrate.translator import Translator, describe
+
+__all__ = ["PROBE_ROWS", "PlanResult", "run_plan"]
+
+#: rows read and translated to estimate the time
+PROBE_ROWS = 4096
+#: bytes per output value by target vector type
+_VALUE_BYTES = {"vector": 4, "float32": 4, "halfvec": 2, "float16": 2}
+#: pgvector stores a row with a 24-byte tuple header, an 8-byte id and a 4-byte vector header
+_ROW_OVERHEAD = 24 + 8 + 8
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A migration plan (:func:`run_plan`).
+
+    Attributes
+    ----------
+    source : dict
+        ``uri``, ``rows``, ``dim``, ``id_kind``, ``null_rows``, ``vector_type``.
+    stitch : dict
+        ``stitch``, ``stitch_sha256``, models and dimensions.
+    rows_to_translate : int
+    output_bytes : int
+        Estimated size of the translated vectors (values and per-row overhead), bytes.
+    estimated_seconds : float or None
+        From a probe batch; None for an empty source.
+    probe : dict
+        ``rows``, ``read_rows_per_second``, ``translate_rows_per_second``.
+    problems : list of str
+        What ``apply`` would refuse; empty when it can run.
+    """
+
+    source: dict[str, Any]
+    stitch: dict[str, Any]
+    rows_to_translate: int
+    output_bytes: int
+    estimated_seconds: float | None
+    probe: dict[str, Any]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "source": self.source,
+            "stitch": self.stitch,
+            "rows_to_translate": self.rows_to_translate,
+            "output_bytes": self.output_bytes,
+            "estimated_seconds": self.estimated_seconds,
+            "probe": self.probe,
+            "problems": self.problems,
+        }
+
+
+def run_plan(
+    source: Source,
+    translator: Translator,
+    *,
+    skip_null: bool = False,
+    output_type: str = "vector",
+    check: bool = True,
+    column: str = "the source column",
+) -> PlanResult:
+    """Describe ``source``, probe the translation and estimate the migration.
+
+    Parameters
+    ----------
+    source : Source
+    translator : Translator
+    skip_null : bool, default False
+        Whether ``apply`` will be run with ``--skip-null`` (NULL rows are then not a problem).
+    output_type : {"vector", "halfvec", "float32", "float16"}
+        How the target stores values (4 or 2 bytes each).
+    check : bool, default True
+        Run the source's full check (NULL, NaN, duplicate ids); for files this reads every
+        row once.
+    column : str
+        How problems name the source column.
+
+    Returns
+    -------
+    PlanResult
+
+    Raises
+    ------
+    InvalidInputError
+        An unknown ``output_type``.
+    """
+    if output_type not in _VALUE_BYTES:
+        raise InvalidInputError(f"unknown output type {output_type!r}", param="type")
+    info = source.info
+    problems: list[str] = []
+    try:
+        check_dims(source, translator, column)
+    except LeadError as error:
+        problems.append(error.message)
+    if check and not problems:
+        try:
+            source.check(skip_null=skip_null)
+        except LeadError as error:
+            problems.append(error.message)
+    rows = info.rows - ((info.null_rows or 0) if skip_null else 0)
+    d_out = translator.ref.d_out
+    output_bytes = rows * (d_out * _VALUE_BYTES[output_type] + _ROW_OVERHEAD)
+    probe: dict[str, Any] = {"rows": 0}
+    estimate = None
+    if rows and not problems:
+        probe, estimate = _probe(source, translator, rows)
+    source_info = {
+        "uri": info.uri,
+        "rows": info.rows,
+        "dim": info.dim,
+        "id_kind": info.id_kind,
+        "null_rows": info.null_rows,
+        "vector_type": info.vector_type,
+    }
+    return PlanResult(
+        source_info, describe(translator), rows, output_bytes, estimate, probe, problems
+    )
+
+
+def _probe(source: Source, translator: Translator, rows: int) -> tuple[dict[str, Any], float]:
+    started = time.perf_counter()
+    with closing(source.batches(PROBE_ROWS)) as batches:
+        batch = next(batches, None)
+    read = time.perf_counter() - started
+    if batch is None or not len(batch.ids):
+        return {"rows": 0}, 0.0
+    started = time.perf_counter()
+    translator(batch.vectors)
+    translate = time.perf_counter() - started
+    n = len(batch.ids)
+    scale = translator.ref.d_out / max(translator.ref.d_in, 1)
+    per_row = (read + read * scale + translate) / n
+    probe = {
+        "rows": n,
+        "read_rows_per_second": round(n / max(read, 1e-9), 1),
+        "translate_rows_per_second": round(n / max(translate, 1e-9), 1),
+    }
+    return probe, round(per_row * rows, 1)

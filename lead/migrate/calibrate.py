@@ -1,0 +1,243 @@
+"""``calibrate``: fit a stitch on a paired sample of a store and say go or no-go.
+
+The user holds the new model's vectors for some of the store's ids (a file, a second
+column or collection: any store URI, :mod:`lead.migrate.stores`). Those ids are paired with
+the source store's (:func:`~lead.migrate._pairs.paired_sample`), part of them is held out
+(:func:`lead.splits.holdout_split`), a stitch is fitted on the rest with any method of
+``lead fit`` (:func:`lead.fitting.fit_stitch`) and scored on the held-out pairs
+(:func:`lead.scorecard.score_stitch`: R², cosine, top-1, the baselines; with queries,
+retrieval of the held-out documents against the bound,
+:func:`~lead.migrate.quality.retrieval_against_bound`). The thresholds of
+:mod:`lead.migrate.quality` decide go / no-go. The stitch is saved either way
+(:func:`lead.artifacts.save_stitch`), with the scorecard, the held-out ids and the decision
+in its ``config.json``, so a no-go can be inspected, refitted or overridden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lead._apply import apply_stitch
+from lead._options import MAX_SEED, check_float_option, check_int_option
+from lead.artifacts import CONFIG_FILE, save_stitch
+from lead.errors import ConflictError, InvalidInputError
+from lead.fitting import check_method_options, fit_stitch
+from lead.migrate._pairs import paired_sample
+from lead.migrate.quality import (
+    Check,
+    RetrievalQueries,
+    check_thresholds,
+    evaluate,
+    retrieval_against_bound,
+)
+from lead.migrate.stores import open_source
+from lead.scorecard import CORE_METRICS, RetrievalData, score_stitch
+from lead.splits import MIN_SPLIT_SIDE, holdout_split
+from lead.stitches import StitchInfo
+
+__all__ = ["CalibrateResult", "min_pairs", "run_calibrate"]
+
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    """What :func:`run_calibrate` fitted, measured and decided.
+
+    Attributes
+    ----------
+    passed : bool
+        Go: every check met.
+    out : Path
+        The saved stitch folder.
+    checks : list of Check
+    scorecard : dict
+        :meth:`lead.scorecard.Scorecard.to_dict` of the held-out pairs.
+    retrieval : dict or None
+        :func:`~lead.migrate.quality.retrieval_against_bound` of the held-out documents.
+    fit : dict
+        The fit record saved with the stitch (``config.json``'s ``fit``).
+    """
+
+    passed: bool
+    out: Path
+    checks: list[Check]
+    scorecard: dict[str, Any]
+    retrieval: dict[str, Any] | None
+    fit: dict[str, Any]
+
+    @property
+    def decision(self) -> str:
+        return "go" if self.passed else "no-go"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "passed": self.passed,
+            "stitch": str(self.out),
+            "checks": [c.as_dict() for c in self.checks],
+            "scorecard": self.scorecard,
+            "retrieval": self.retrieval,
+            "fit": self.fit,
+        }
+
+
+def min_pairs(holdout: float) -> int:
+    """Fewest pairs a ``holdout`` split accepts (:data:`lead.splits.MIN_SPLIT_SIDE` a side)."""
+    n = 2 * MIN_SPLIT_SIDE
+    while min(round(n * holdout), n - round(n * holdout)) < MIN_SPLIT_SIDE:
+        n += 1
+    return n
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Refuse ``out`` before any work as :func:`lead.artifacts.save_stitch` would after it."""
+    if not out.exists() or (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
+        return
+    if not force:
+        raise ConflictError(
+            f"{out} exists already and is not empty; pass force=True (--force) to replace a "
+            "stitch there, or choose another folder",
+            param="out",
+        )
+    if not (out.is_dir() and (out / CONFIG_FILE).is_file()):
+        raise InvalidInputError(
+            f"refusing to replace {out}: it is not a stitch folder", param="out"
+        )
+
+
+def run_calibrate(
+    source: str,
+    native: str,
+    out: str | Path,
+    *,
+    method: str = "ridge",
+    options: dict[str, Any] | None = None,
+    sample: int = 2000,
+    holdout: float = 0.2,
+    seed: int = 0,
+    source_model: str | None = None,
+    target_model: str | None = None,
+    queries: RetrievalQueries | None = None,
+    thresholds: dict[str, Any] | None = None,
+    force: bool = False,
+) -> CalibrateResult:
+    """Pair a sample of ids, fit a stitch on part of it, score the rest, decide, save.
+
+    Parameters
+    ----------
+    source : str
+        The store to migrate (its vectors are the stitch's inputs).
+    native : str
+        A store of the new model's vectors for some of the same ids.
+    out : str or Path
+        The stitch folder to write.
+    method : str, default "ridge"
+        Any method of :func:`lead.fitting.fit_stitch`; ``options`` are its options.
+    sample : int, default 2000
+        Random ids drawn from those in both stores (plus the judged documents of
+        ``queries`` found in both).
+    holdout : float, default 0.2
+        Share of the pairs held out for scoring, in (0, 1).
+    seed : int, default 0
+        Seed of the sample, the split and the fit.
+    source_model, target_model : str, optional
+        Model ids recorded in the stitch.
+    queries : RetrievalQueries, optional
+        Queries and judgments: retrieval of the held-out documents against the bound.
+    thresholds : dict, optional
+        Over the defaults of :mod:`lead.migrate.quality` (None: not checked).
+    force : bool, default False
+        Replace a stitch already in ``out``.
+
+    Returns
+    -------
+    CalibrateResult
+        ``passed`` is the go / no-go; the stitch is saved either way.
+
+    Raises
+    ------
+    InvalidInputError
+        A bad method, option, threshold, ``sample``, ``holdout`` or ``seed``; ``out`` not a
+        stitch folder; no query with a judged held-out document.
+    ConflictError
+        ``out`` is not empty and ``force`` is false (checked before any work).
+    TooFewPairsError
+        Fewer ids in both stores than the split needs, naming the rows of each store and
+        the count in common.
+    ShapeMismatchError, FitError, StoreNotFoundError, StoreError
+        As the stores and :func:`lead.fitting.fit_stitch` raise them.
+    """
+    limits, given = check_thresholds(thresholds)
+    options = dict(options or {})
+    canonical = check_method_options(method, options)
+    holdout = check_float_option(holdout, "holdout", minimum=0.0, inclusive=False, maximum=1.0)
+    if holdout >= 1.0:
+        raise InvalidInputError("holdout must be below 1", param="holdout")
+    fewest = min_pairs(holdout)
+    sample = check_int_option(sample, "sample", minimum=fewest)
+    seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
+    out = Path(out)
+    _check_out(out, force)
+    include = queries.judged_ids() if queries is not None else []
+    with open_source(source) as src, open_source(native) as nat:
+        names = ["source", "native"]
+        paired = paired_sample([src, nat], names, sample, seed, minimum=fewest, include=include)
+        uris = {"source": src.info.uri, "native": nat.info.uri}
+    X, Y = paired.vectors
+    train, test = holdout_split(len(paired.ids), holdout, seed)
+    test_ids = [paired.ids[i] for i in test]
+    info = StitchInfo(
+        source_model=source_model or StitchInfo.source_model,
+        target_model=target_model or StitchInfo.target_model,
+        fit={
+            "data": {
+                **uris,
+                "pairs": len(paired.ids),
+                "rows": dict(zip(names, paired.rows, strict=True)),
+                "sample": sample,
+            },
+            "holdout": {
+                "fraction": holdout,
+                "seed": seed,
+                "train_pairs": len(train),
+                "test_pairs": len(test),
+                "ids": test_ids,
+            },
+        },
+    )
+    stitch = fit_stitch(X[train], Y[train], canonical, info=info, seed=seed, **options)
+    train_mean = Y[train].astype(np.float64).mean(axis=0)
+    data = None
+    if queries is not None:
+        data = RetrievalData(
+            target_queries=queries.target_queries,
+            query_ids=list(queries.query_ids),
+            corpus_ids=test_ids,
+            qrels=queries.qrels,
+            source_queries=queries.source_queries,
+        )
+    card = score_stitch(stitch, X[test], Y[test], target_train_mean=train_mean, retrieval=data)
+    retrieval = None
+    if queries is not None:
+        translated = apply_stitch(stitch, X[test]).cpu().numpy()
+        retrieval = retrieval_against_bound(queries, test_ids, translated, Y[test], X[test])
+    scorecard = card.to_dict()
+    checks = evaluate(
+        limits,
+        given,
+        {name: scorecard[name] for name in CORE_METRICS},
+        baseline_cosine=scorecard["baselines"]["mean_estimator"]["mean_cosine_similarity"],
+        retention=None if retrieval is None else retrieval["ndcg_at_10_retention"],
+    )
+    passed = all(c.passed for c in checks)
+    stitch.info.scorecard = scorecard
+    stitch.info.fit["calibration"] = {
+        "decision": "go" if passed else "no-go",
+        "checks": [c.as_dict() for c in checks],
+        "retrieval": retrieval,
+    }
+    save_stitch(stitch, out, overwrite=force)
+    return CalibrateResult(passed, out, checks, scorecard, retrieval, dict(stitch.info.fit))

@@ -1,0 +1,215 @@
+"""The files ``verify`` writes: ``report.json``, ``report.md``, ``cosine.png`` and JUnit XML.
+
+Every file is written to a temporary name beside its final one, fsynced and renamed, so a
+reader (a CI step) sees the old file or the new one, never half of one. The JUnit file has
+one ``testcase`` per threshold, with a ``failure`` whose message holds the figures when the
+threshold is not met (the format Jenkins, GitLab and GitHub test reporters read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from lead.migrate.quality import Check
+
+__all__ = [
+    "atomic_write",
+    "junit_xml",
+    "markdown_report",
+    "plot_cosines",
+    "write_json",
+    "write_text",
+]
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """Write ``path`` through ``write(handle)`` on a temporary file, then rename it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    return atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def write_json(path: Path, value: Any) -> Path:
+    """Write ``value`` as indented JSON (no NaN) to ``path`` atomically."""
+    return write_text(path, json.dumps(value, indent=2, allow_nan=False) + "\n")
+
+
+def plot_cosines(path: Path, cosines: np.ndarray, *, threshold: float | None = None) -> Path | None:
+    """A histogram of per-vector cosines (translated against native), as PNG.
+
+    Parameters
+    ----------
+    cosines : ndarray of shape (n,)
+        In [-1, 1].
+    threshold : float, optional
+        Drawn as a vertical line (the mean-cosine threshold).
+
+    Returns
+    -------
+    Path or None
+        ``path``; None when matplotlib is not installed (``pip install
+        'lead-stitch[migrate]'``): the report goes without a plot.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 3.6), dpi=100)
+    FigureCanvasAgg(figure)  # no pyplot: no global state, no display
+    axes = figure.add_subplot()
+    axes.hist(cosines, bins=min(50, max(10, len(cosines) // 10)), color="#4c72b0")
+    mean = float(np.mean(cosines))
+    p5 = float(np.percentile(cosines, 5))
+    axes.axvline(mean, color="black", label=f"mean {mean:.3f}")
+    axes.axvline(p5, color="black", linestyle="--", label=f"5th percentile {p5:.3f}")
+    if threshold is not None:
+        axes.axvline(threshold, color="#c44e52", label=f"threshold {threshold:.3f}")
+    axes.set_xlabel("cosine(translated, native)")
+    axes.set_ylabel("vectors")
+    axes.set_title(f"{len(cosines)} sampled vectors")
+    axes.legend(loc="upper left", fontsize="small")
+    figure.tight_layout()
+    return atomic_write(path, lambda handle: figure.savefig(handle, format="png"))
+
+
+def junit_xml(
+    path: Path, checks: Sequence[Check], *, suite: str, properties: dict[str, Any]
+) -> Path:
+    """One ``testcase`` per check; a failed one holds a ``failure`` with its figures."""
+    failures = sum(not c.passed for c in checks)
+    root = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
+    node = ET.SubElement(
+        root, "testsuite", name=suite, tests=str(len(checks)), failures=str(failures), errors="0"
+    )
+    props = ET.SubElement(node, "properties")
+    for key, value in properties.items():
+        ET.SubElement(props, "property", name=key, value=str(value))
+    for check in checks:
+        case = ET.SubElement(node, "testcase", classname=suite, name=check.name)
+        if not check.passed:
+            failure = ET.SubElement(case, "failure", message=check.message(), type="threshold")
+            failure.text = json.dumps(check.as_dict())
+    tree = ET.ElementTree(root)
+    return atomic_write(
+        path, lambda handle: tree.write(handle, encoding="utf-8", xml_declaration=True)
+    )
+
+
+def _row(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _num(value: Any) -> str:
+    return "–" if value is None else f"{float(value):.4f}"
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """``report.md``: the verdict, the checks, the figures, retrieval and the worst ids."""
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    sample = report["sample"]
+    lines = [
+        f"# LEAD migration verify: {verdict}",
+        "",
+        f"- translated: `{report['target']}`",
+        f"- native: `{report['native']}`",
+        *([f"- source: `{report['source']}`"] if report.get("source") else []),
+        f"- sample: {sample['pairs']} ids (seed {sample['seed']}), {sample['judged']} of them "
+        "judged documents",
+        "",
+        "## Checks",
+        "",
+        _row(["threshold", "figure", "value", "", "threshold", "origin", "result"]),
+        _row(["---"] * 7),
+    ]
+    for c in report["checks"]:
+        lines.append(
+            _row(
+                [
+                    f"`{c['name']}`",
+                    c["metric"],
+                    _num(c["value"]),
+                    c["operator"],
+                    _num(c["threshold"]),
+                    c["origin"],
+                    "pass" if c["passed"] else "**FAIL**",
+                ]
+            )
+        )
+    baseline = report["baselines"]["mean_estimator"]
+    lines += ["", "## Figures", "", _row(["metric", "translated", "mean estimator"])]
+    lines.append(_row(["---"] * 3))
+    for key, value in report["scores"].items():
+        lines.append(_row([key, _num(value), _num(baseline.get(key))]))
+    cos = report["cosine"]
+    lines += [
+        "",
+        f"Per-vector cosine: mean {_num(cos['mean'])}, 5th percentile {_num(cos['p5'])}, "
+        f"median {_num(cos['p50'])}, min {_num(cos['min'])}.",
+    ]
+    if report["files"].get("plot"):
+        lines += ["", f"![cosine histogram]({report['files']['plot']})"]
+    retrieval = report.get("retrieval")
+    if retrieval is not None:
+        lines += _retrieval_lines(retrieval)
+    lines += ["", "## Worst rows", "", _row(["id", "cosine"]), _row(["---"] * 2)]
+    lines += [_row([f"`{w['id']}`", _num(w["cosine"])]) for w in cos["worst"]]
+    return "\n".join(lines) + "\n"
+
+
+def _retrieval_lines(retrieval: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"## Retrieval ({retrieval['queries']} queries over {retrieval['documents']} documents)",
+        "",
+        _row(["", "recall@10", "nDCG@10"]),
+        _row(["---"] * 3),
+    ]
+    for name in ("translated", "target_native", "source_native"):
+        found = retrieval.get(name)
+        if found is not None:
+            lines.append(
+                _row([name, _num(found["recall_at_10_score"]), _num(found["ndcg_at_10_score"])])
+            )
+    bound = retrieval["bound"]
+    lines.append(
+        _row(
+            [
+                f"bound ({retrieval['bound_from']})",
+                _num(bound["recall_at_10_score"]),
+                _num(bound["ndcg_at_10_score"]),
+            ]
+        )
+    )
+    lines.append(
+        _row(
+            [
+                "retention (translated / bound)",
+                _num(retrieval["recall_at_10_retention"]),
+                _num(retrieval["ndcg_at_10_retention"]),
+            ]
+        )
+    )
+    return lines

@@ -1,0 +1,40 @@
+"""Stores of the SciFact fixture for the calibrate and verify tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lead.migrate.quality import RetrievalQueries
+from lead.migrate.stores import with_params
+
+#: Documents whose new-model (mpnet) vectors the user holds: 300 of the 400.
+NATIVE_ROWS = np.sort(np.random.default_rng(0).choice(400, 300, replace=False))
+
+
+def doc_ids(scifact: Any) -> np.ndarray:
+    """The SciFact corpus ids as int64 (they are numbers): the pgvector table's ids."""
+    return np.asarray([int(i) for i in scifact.corpus_ids], dtype=np.int64)
+
+
+def write_parquet(path: Path, ids: Any, vectors: np.ndarray) -> str:
+    """A Parquet file with ``id`` and a fixed-size-list ``emb`` column; its store URI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
+    column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
+    pq.write_table(pa.table({"id": pa.array(list(ids)), "emb": column}), path)
+    return with_params(str(path), column="emb", id="id")
+
+
+def queries(scifact: Any, *, source: bool = True) -> RetrievalQueries:
+    """The 100 test queries by mpnet (and minilm), with their judgments."""
+    return RetrievalQueries(
+        target_queries=scifact.queries["mpnet"],
+        query_ids=scifact.query_ids,
+        qrels=scifact.qrels,
+        source_queries=scifact.queries["minilm"] if source else None,
+    )

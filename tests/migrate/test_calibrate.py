@@ -1,0 +1,149 @@
+"""calibrate on real SciFact vectors: minilm in PostgreSQL, mpnet for 300 ids in Parquet."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lead.artifacts import load_stitch
+from lead.errors import ConflictError, InvalidInputError, TooFewPairsError
+from lead.migrate.calibrate import min_pairs, run_calibrate
+from lead.migrate.quality import check_thresholds
+from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
+from tests.migrate.conftest import make_table
+
+
+@pytest.fixture(scope="module")
+def minilm_table(pg_uri, scifact_small) -> str:
+    return make_table(pg_uri, "cal_minilm", doc_ids(scifact_small), scifact_small.corpus["minilm"])
+
+
+def test_real_pairs_give_go_and_a_saved_stitch(minilm_table, scifact_small, tmp_path):
+    ids = doc_ids(scifact_small)[NATIVE_ROWS]
+    # text ids in the Parquet file, bigint in PostgreSQL: paired by their text
+    native = write_parquet(
+        tmp_path / "mpnet.parquet",
+        [str(i) for i in ids],
+        scifact_small.corpus["mpnet"][NATIVE_ROWS],
+    )
+    result = run_calibrate(
+        minilm_table,
+        native,
+        tmp_path / "stitch",
+        queries=queries(scifact_small),
+        source_model="all-MiniLM-L6-v2",
+        target_model="all-mpnet-base-v2",
+    )
+    assert result.passed and result.decision == "go", [c.message() for c in result.checks]
+    names = [c.name for c in result.checks]
+    assert names == ["min_r2", "min_mean_cosine", "min_top1", "min_retention"]
+    card = result.scorecard
+    assert card["pairs"] == 60  # 20 % of the 300 ids in both stores
+    assert card["r2_score"] > card["baselines"]["mean_estimator"]["r2_score"] == 0.0
+    assert card["top1_accuracy_score"] > 0.9
+    retrieval = result.retrieval
+    assert retrieval is not None and retrieval["queries"] > 0
+    assert retrieval["source_native"] is not None
+    bound = retrieval["bound"]["ndcg_at_10_score"]
+    assert bound == min(
+        retrieval["source_native"]["ndcg_at_10_score"],
+        retrieval["target_native"]["ndcg_at_10_score"],
+    )
+    assert retrieval["ndcg_at_10_retention"] == pytest.approx(
+        retrieval["translated"]["ndcg_at_10_score"] / bound
+    )
+    config = json.loads((tmp_path / "stitch" / "config.json").read_text())
+    fit = config["fit"]
+    assert fit["data"]["pairs"] == 300 and fit["data"]["rows"] == {"source": 400, "native": 300}
+    assert "password" not in fit["data"]["source"] and fit["data"]["native"].startswith(
+        str(tmp_path)
+    )
+    held_out = fit["holdout"]["ids"]
+    assert len(held_out) == 60 and set(held_out) <= {str(i) for i in ids}
+    assert fit["calibration"]["decision"] == "go" and fit["method"] == "ridge"
+    assert config["scorecard"]["r2_score"] == card["r2_score"]
+    assert config["source"]["model"] == "all-MiniLM-L6-v2"
+    stitch = load_stitch(tmp_path / "stitch")
+    assert (stitch.d_src, stitch.d_tgt) == (384, 768)
+
+
+def test_shuffled_pairing_is_no_go(minilm_table, scifact_small, tmp_path):
+    ids = doc_ids(scifact_small)[NATIVE_ROWS]
+    wrong = np.random.default_rng(1).permutation(ids)  # each id on another document's vector
+    native = write_parquet(
+        tmp_path / "wrong.parquet", wrong, scifact_small.corpus["mpnet"][NATIVE_ROWS]
+    )
+    result = run_calibrate(minilm_table, native, tmp_path / "stitch")
+    assert not result.passed and result.decision == "no-go"
+    failed = {c.name for c in result.checks if not c.passed}
+    assert {"min_r2", "min_top1"} <= failed
+    assert result.scorecard["top1_accuracy_score"] < 0.1
+    config = json.loads((tmp_path / "stitch" / "config.json").read_text())
+    assert config["fit"]["calibration"]["decision"] == "no-go"  # saved, to inspect
+
+
+def test_only_ids_in_both_stores_are_paired(minilm_table, scifact_small, tmp_path):
+    ids = doc_ids(scifact_small)[NATIVE_ROWS]
+    extra = np.arange(50, dtype=np.int64) + 10**12  # ids the source does not hold
+    vectors = scifact_small.corpus["mpnet"][NATIVE_ROWS]
+    native = write_parquet(
+        tmp_path / "more.parquet",
+        np.concatenate([ids, extra]),
+        np.concatenate([vectors, vectors[:50]]),
+    )
+    result = run_calibrate(minilm_table, native, tmp_path / "stitch", sample=200, seed=3)
+    assert result.fit["data"]["pairs"] == 200
+    assert result.passed
+    assert not {int(i) for i in result.fit["holdout"]["ids"]} & set(extra.tolist())
+
+
+def test_too_few_common_ids_names_the_counts(minilm_table, scifact_small, tmp_path):
+    ids = doc_ids(scifact_small)[:6]
+    native = write_parquet(tmp_path / "few.parquet", ids, scifact_small.corpus["mpnet"][:6])
+    with pytest.raises(TooFewPairsError, match=r"only 6 ids .*source 400 rows, native 6 rows") as e:
+        run_calibrate(minilm_table, native, tmp_path / "stitch")
+    assert e.value.minimum == min_pairs(0.2) == 18  # round(18 * 0.2) = 4 held out
+    assert not (tmp_path / "stitch").exists()
+
+
+def test_bad_arguments_are_refused_before_any_work(minilm_table, scifact_small, tmp_path):
+    native = write_parquet(
+        tmp_path / "n.parquet", doc_ids(scifact_small)[:30], scifact_small.corpus["mpnet"][:30]
+    )
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(ConflictError, match="force"):
+        run_calibrate(minilm_table, native, taken)
+    with pytest.raises(InvalidInputError, match="not a stitch folder"):
+        run_calibrate(minilm_table, native, taken, force=True)
+    assert (taken / "notes.txt").read_text() == "mine"
+    with pytest.raises(InvalidInputError, match="unknown threshold"):
+        run_calibrate(minilm_table, native, tmp_path / "s", thresholds={"min_ndcg": 0.5})
+    with pytest.raises(InvalidInputError, match="unknown method"):
+        run_calibrate(minilm_table, native, tmp_path / "s", method="magic")
+    with pytest.raises(InvalidInputError, match="sample"):
+        run_calibrate(minilm_table, native, tmp_path / "s", sample=5)
+    with pytest.raises(InvalidInputError, match="must be a number"):
+        check_thresholds({"min_top1": True})
+
+
+def test_given_thresholds_replace_the_defaults(minilm_table, scifact_small, tmp_path):
+    rows = NATIVE_ROWS[:100]
+    native = write_parquet(
+        tmp_path / "n.parquet", doc_ids(scifact_small)[rows], scifact_small.corpus["mpnet"][rows]
+    )
+    result = run_calibrate(
+        minilm_table,
+        native,
+        tmp_path / "stitch",
+        method="procrustes",
+        thresholds={"min_top1": 1.01, "min_r2": None, "min_mean_cosine": 0.2},
+    )
+    checks = {c.name: c for c in result.checks}
+    assert set(checks) == {"min_top1", "min_mean_cosine"}  # min_r2 off; no queries: no retention
+    assert checks["min_top1"].origin == "given" and not checks["min_top1"].passed
+    assert checks["min_mean_cosine"].threshold == 0.2 and checks["min_mean_cosine"].passed
+    assert not result.passed and result.fit["method"] == "procrustes"

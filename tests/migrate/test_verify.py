@@ -1,0 +1,133 @@
+"""verify on real SciFact vectors: minilm in PostgreSQL translated by a calibrated stitch
+into a new table, against mpnet vectors of 300 ids in Parquet."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lead import migrate
+from lead.errors import ShapeMismatchError, TooFewPairsError
+from lead.migrate.calibrate import run_calibrate
+from lead.migrate.stores import with_params
+from lead.migrate.verify import run_verify
+from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
+from tests.migrate.conftest import make_table
+
+_REPORT_FILES = {"report.json", "report.md", "cosine.png"}
+
+
+@pytest.fixture(scope="module")
+def migrated(pg_uri, scifact_small, tmp_path_factory) -> dict[str, str]:
+    """The source table, the translated table and native stores (right and wrong)."""
+    folder = tmp_path_factory.mktemp("verify")
+    ids = doc_ids(scifact_small)
+    source = make_table(pg_uri, "ver_minilm", ids, scifact_small.corpus["minilm"])
+    mpnet = scifact_small.corpus["mpnet"][NATIVE_ROWS]
+    native = write_parquet(folder / "mpnet.parquet", ids[NATIVE_ROWS], mpnet)
+    calibrated = run_calibrate(source, native, folder / "stitch")
+    assert calibrated.passed
+    target = with_params(pg_uri, table="ver_mpnet", column="emb")
+    migrate.apply(source, target, str(folder / "stitch"), progress=False)
+    wrong_ids = np.random.default_rng(1).permutation(ids[NATIVE_ROWS])
+    return {
+        "source": source,
+        "target": target,
+        "native": native,
+        "wrong": write_parquet(folder / "wrong.parquet", wrong_ids, mpnet),
+        "minilm": write_parquet(folder / "minilm.parquet", ids, scifact_small.corpus["minilm"]),
+    }
+
+
+def _junit(path: Path) -> tuple[list[ET.Element], list[ET.Element]]:
+    root = ET.parse(path).getroot()
+    return root.findall(".//testcase"), root.findall(".//testcase/failure")
+
+
+def test_verify_passes_after_apply_and_writes_the_report(migrated, scifact_small, tmp_path):
+    result = run_verify(
+        migrated["target"],
+        migrated["native"],
+        source=migrated["source"],
+        queries=queries(scifact_small),
+        report_dir=tmp_path / "report",
+        junit=tmp_path / "junit.xml",
+    )
+    assert result.passed and result.exit_code == 0, [c.message() for c in result.checks]
+    assert {p.name for p in (tmp_path / "report").iterdir()} == _REPORT_FILES  # no temp files
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["passed"] is True and report == result.report
+    assert report["sample"]["pairs"] == 300 and report["sample"]["rows"]["target"] == 400
+    assert [c["name"] for c in report["checks"]] == [
+        "min_r2",
+        "min_mean_cosine",
+        "min_top1",
+        "min_retention",
+    ]
+    cosine = report["cosine"]
+    assert cosine["min"] <= cosine["p5"] <= cosine["p50"] <= 1.0
+    assert cosine["mean"] == pytest.approx(report["scores"]["mean_cosine_similarity"])
+    assert len(cosine["worst"]) == 10 and cosine["worst"][0]["cosine"] == cosine["min"]
+    assert report["scores"]["r2_score"] > 0 == report["baselines"]["mean_estimator"]["r2_score"]
+    retrieval = report["retrieval"]
+    assert retrieval["bound_from"] == "min(source_native, target_native)"
+    native_scores = (retrieval["source_native"], retrieval["target_native"])
+    bound = min(s["ndcg_at_10_score"] for s in native_scores)
+    assert retrieval["bound"]["ndcg_at_10_score"] == bound
+    assert retrieval["ndcg_at_10_retention"] == pytest.approx(
+        retrieval["translated"]["ndcg_at_10_score"] / bound
+    )
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "PASSED" in markdown and "retention" in markdown and cosine["worst"][0]["id"] in markdown
+    assert (tmp_path / "report" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cases, failures = _junit(tmp_path / "junit.xml")
+    assert len(cases) == 4 and failures == []
+
+
+def test_wrong_native_store_fails(migrated, tmp_path):
+    result = run_verify(
+        migrated["target"],
+        migrated["wrong"],
+        report_dir=tmp_path / "report",
+        junit=tmp_path / "ci" / "junit.xml",
+    )
+    assert not result.passed and result.exit_code == 1
+    failed = {c.name for c in result.checks if not c.passed}
+    assert {"min_r2", "min_mean_cosine", "min_top1"} <= failed
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["passed"] is False and report["retrieval"] is None
+    assert "FAILED" in (tmp_path / "report" / "report.md").read_text()
+    cases, failures = _junit(tmp_path / "ci" / "junit.xml")
+    assert len(cases) == 3 and len(failures) == 3
+    assert "top1_accuracy_score" in " ".join(f.get("message", "") for f in failures)
+
+
+def test_given_thresholds_are_checked_and_none_turns_one_off(migrated, tmp_path):
+    result = run_verify(
+        migrated["target"],
+        migrated["native"],
+        sample=100,
+        seed=5,
+        thresholds={"min_mean_cosine": 0.99, "min_top1": None},
+        report_dir=tmp_path,
+    )
+    checks = {c.name: c for c in result.checks}
+    assert set(checks) == {"min_r2", "min_mean_cosine"}
+    assert checks["min_mean_cosine"].origin == "given" and not checks["min_mean_cosine"].passed
+    assert checks["min_r2"].passed and not result.passed
+    assert result.report["sample"]["pairs"] == 100
+
+
+def test_wrong_dimension_and_disjoint_ids_are_errors(migrated, scifact_small, tmp_path):
+    with pytest.raises(ShapeMismatchError, match="768 dimensions"):
+        run_verify(migrated["target"], migrated["minilm"], report_dir=tmp_path)
+    others = write_parquet(
+        tmp_path / "others.parquet", np.arange(10), scifact_small.corpus["mpnet"][:10]
+    )
+    with pytest.raises(TooFewPairsError, match="only 0 ids"):
+        run_verify(migrated["target"], others, report_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()

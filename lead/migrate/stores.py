@@ -11,12 +11,14 @@ A store URI names the kind of store by its scheme:
 
 LEAD's own query parameters (:data:`LEAD_PARAMS`) are taken out of the URI before
 connecting; the others (``host=/path/to/socket``, ``sslmode=require``, ...) go to the
-client library as they are.
+client library as they are. The values of :data:`SECRET_PARAMS` (``api_key``,
+``password``, ...) are shown as ``***`` wherever a URI is printed or recorded.
 
 A source yields :class:`Batch` es in a fixed order, each with the *position* to resume
 after it; a target stores that position in the same atomic write as the rows
-(:class:`Target.write`), so a migration killed at any point resumes exactly after the last
-batch that landed, and every row is written once.
+(:class:`Target.write`), or, in a store without transactions (Qdrant), right after rows
+written idempotently by id, so a migration killed at any point resumes exactly after the
+last batch that landed, and every row is in the target once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from lead.errors import InvalidInputError
 
 __all__ = [
     "LEAD_PARAMS",
+    "SECRET_PARAMS",
     "Batch",
     "Closing",
     "MigrationSpec",
@@ -49,6 +52,8 @@ __all__ = [
 
 #: Query parameters LEAD reads itself; the rest of a URI's query goes to the client library.
 LEAD_PARAMS = ("table", "column", "id", "vector", "type")
+#: Query parameters whose values are secrets: shown as ``***`` in :attr:`StoreURI.uri`.
+SECRET_PARAMS = frozenset({"api_key", "apikey", "password", "sslpassword", "token"})
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class StoreURI:
     scheme : str
         ``postgresql``, ``qdrant`` or ``file``.
     uri : str
-        The URI without LEAD's parameters and without a password (safe to print and store).
+        The URI without LEAD's parameters, its password and the values of
+        :data:`SECRET_PARAMS` shown as ``***`` (safe to print and store).
     connect : str
         The URI without LEAD's parameters, password included: what the client library gets.
     params : dict of str to str
@@ -113,10 +119,21 @@ def parse_store_uri(uri: str) -> StoreURI:
     names = [k for k, _ in ours]
     if len(set(names)) != len(names):
         raise InvalidInputError(f"{_redact(parts)}: a parameter is given twice", param="uri")
-    rest = urlencode([(k, v) for k, v in pairs if k not in LEAD_PARAMS], safe="/")
-    connect = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
-    safe = urlunsplit((parts.scheme, _netloc_without_password(parts), parts.path, rest, ""))
+    others = [(k, v) for k, v in pairs if k not in LEAD_PARAMS]
+    rest = urlencode(others, safe="/")
+    hidden = [(k, "***" if k.lower() in SECRET_PARAMS else v) for k, v in others]
+    shown = urlencode(hidden, safe="/*")
+    connect = _unsplit(parts.scheme, parts.netloc, parts.path, rest)
+    safe = _unsplit(parts.scheme, _netloc_without_password(parts), parts.path, shown)
     return StoreURI(scheme, safe, connect, dict(ours), parts.path)
+
+
+def _unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
+    """``urlunsplit`` that keeps ``//`` before an empty host (``qdrant:///path``)."""
+    text = urlunsplit((scheme, netloc, path, query, ""))
+    if not netloc and path.startswith("/"):
+        text = f"{scheme}://{text[len(scheme) + 1 :]}"
+    return text
 
 
 def with_params(uri: str, **params: str | None) -> str:
@@ -136,7 +153,7 @@ def _netloc_without_password(parts: Any) -> str:
 
 
 def _redact(parts: Any) -> str:
-    return urlunsplit((parts.scheme, _netloc_without_password(parts), parts.path, "", ""))
+    return _unsplit(parts.scheme, _netloc_without_password(parts), parts.path, "")
 
 
 @dataclass

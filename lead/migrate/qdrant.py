@@ -1,0 +1,421 @@
+"""Qdrant stores: read one dense vector of a collection, write a new collection or vector.
+
+URIs: ``qdrant://host:port/collection?vector=NAME`` for a Qdrant server (port 6333 when
+left out), ``qdrant:///abs/path/to/storage/collection`` for qdrant-client's local
+(embedded) mode, whose storage folder is ``/abs/path/to/storage``. ``vector`` names a
+named vector; without it the collection's unnamed vector is used (or its only named one;
+a collection with several is refused, listing their names). The other query parameters go
+to :class:`qdrant_client.QdrantClient`: ``api_key``, ``https``, ``prefix``, ``timeout``,
+``prefer_grpc``, ``grpc_port``, ``pool_size``, ``check_compatibility`` (off unless set:
+LEAD checks what it needs itself). ``api_key`` is shown as ``***`` in every message and
+record. A target takes ``distance=Cosine|Dot|Euclid|Manhattan`` (default Cosine; a source
+ignores it, so a target's URI can be the next migration's source).
+
+A source is scrolled in point-id order (integer ids before UUIDs, as Qdrant orders them),
+one vector and no payload per point; a position is the last id of a batch. Its ids are
+int64 when the points' ids are integers, else the UUIDs as text (a collection mixing both
+is refused). Qdrant refuses NaN, but local mode keeps infinity (and stores a value beyond
+float32 as infinity), and a server is not documented to refuse it; so a non-finite vector
+is refused, naming its id, when a batch reaches it: after the earlier batches were
+written, not in :meth:`QdrantSource.check`, which would need a second full read.
+
+A target is a new collection, or a new named vector of an existing collection (Qdrant's
+create-named-vector API, which older servers lack), filled by ``update_vectors`` so its
+points keep their other vectors and payload. Integer ids become integer point ids; a text
+id that is a UUID becomes that UUID, any other text id ``uuid5(LEAD_NAMESPACE, id)`` with
+the id kept in the payload key ``lead_id``. Each batch is upserted with ``wait=True``,
+then the checkpoint written to the collection's metadata (key ``lead_migration``, or
+``lead_migration:NAME`` for a named vector): a run killed in between writes that batch
+again, and as point ids are fixed every row is still there exactly once. With Cosine
+distance Qdrant stores vectors L2-normalised (cosine similarities are unchanged); use
+``distance=Dot`` to keep the values as translated.
+
+Local mode locks its storage folder, so every store of one folder in a process shares one
+client (closed with the last store), its calls serialised by a lock. It commits each
+point in its own SQLite transaction, so it writes about 120 points a second to a
+disk that syncs (measured here): a server is the store for anything large.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from lead.errors import (
+    ConflictError,
+    InvalidInputError,
+    NonFiniteError,
+    ShapeMismatchError,
+    StoreError,
+    StoreNotFoundError,
+)
+from lead.migrate._qdrant import (
+    FIRST_UUID,
+    LEAD_NAMESPACE,
+    Collection,
+    fetched,
+    has_vector,
+    pick_vector,
+    point_key,
+    vector_of,
+)
+from lead.migrate.stores import Batch, MigrationSpec, Progress, SourceInfo, StoreURI, with_params
+
+__all__ = ["LEAD_NAMESPACE", "QdrantSource", "QdrantTarget"]
+
+
+class QdrantSource(Collection):
+    """One dense vector of a Qdrant collection, scrolled in point-id order (see the module
+    docstring).
+
+    Raises
+    ------
+    StoreError
+        The server cannot be reached or refuses the API key; the local folder is locked.
+    StoreNotFoundError
+        No such storage folder, collection or named vector.
+    InvalidInputError
+        A bad URI; several named vectors and no ``?vector=``; a sparse or multivector.
+    """
+
+    def __init__(self, parsed: StoreURI) -> None:
+        super().__init__(parsed, create=False)
+        try:
+            self._describe()
+        except BaseException:
+            self.close()
+            raise
+
+    def _describe(self) -> None:
+        config = self._config()
+        if config is None:
+            raise self._missing()
+        self.vector, params = pick_vector(config, self.address)
+        self.name = f"{self.collection}.{self.vector}" if self.vector else self.collection
+        rows = self.call(lambda c: c.count(self.collection, exact=True)).count
+        nulls = self.call(
+            lambda c: c.count(self.collection, count_filter=has_vector(self.vector, present=False))
+        ).count
+        first = self._first_id(None)
+        first_uuid = self._first_id(FIRST_UUID) if isinstance(first, int) else None
+        self._mixed = (first, first_uuid) if first_uuid is not None else None
+        datatype = getattr(params.datatype, "value", params.datatype) or "float32"
+        uri = with_params(self.address.uri, vector=self.vector or None)
+        kind = "str" if isinstance(first, str) else "int"
+        self.info = SourceInfo(uri, int(rows), int(params.size), kind, int(nulls), str(datatype))
+
+    def _first_id(self, offset: str | None) -> Any:
+        records, _ = self.scroll(limit=1, offset=offset, with_payload=False, with_vectors=False)
+        return records[0].id if records else None
+
+    def check(self, *, skip_null: bool = False) -> None:
+        """Refuse mixed integer / UUID ids, and points without the vector (unless
+        ``skip_null``). Point ids are unique in Qdrant; non-finite values are refused by
+        :meth:`batches` (see the module docstring).
+
+        Raises
+        ------
+        InvalidInputError
+            Naming an offending id.
+        """
+        if self._mixed is not None:
+            raise InvalidInputError(
+                f"{self.info.uri} mixes integer point ids (such as {self._mixed[0]}) with "
+                f"UUIDs (such as {self._mixed[1]}); LEAD migrates all-integer or all-UUID ids",
+                param="id",
+            )
+        if self.info.null_rows and not skip_null:
+            records, _ = self.scroll(
+                scroll_filter=has_vector(self.vector, present=False), limit=1, with_payload=False
+            )
+            first = records[0].id if records else "?"
+            raise InvalidInputError(
+                f"{self.info.null_rows} points of {self.name} have no such vector (the "
+                f"first: id {first}); pass --skip-null to leave them out of the target",
+                param="vector",
+            )
+
+    def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
+        """Points with the vector in id order, after point id ``after``; one scroll request
+        per batch.
+
+        Raises
+        ------
+        NonFiniteError
+            A vector holding infinity or NaN, naming its id.
+        """
+        offset, skip = after, after
+        while True:
+            limit = batch_size + (0 if skip is None else 1)
+            records, following = self.scroll(
+                scroll_filter=has_vector(self.vector, present=True),
+                limit=limit,
+                offset=offset,
+                with_payload=False,
+                with_vectors=[self.vector],
+            )
+            if skip is not None and records and records[0].id == skip:
+                records = records[1:]
+            skip = None
+            if records:
+                yield self._batch(records)
+            if following is None:
+                return
+            offset = following
+
+    def _batch(self, records: list[Any]) -> Batch:
+        keys = [r.id for r in records]
+        if self.info.id_kind == "int":
+            if not all(isinstance(k, int) for k in keys):
+                raise InvalidInputError(f"{self.info.uri}: a UUID among integer ids", param="id")
+            ids = np.asarray(keys, dtype=np.int64)
+        else:
+            ids = np.empty(len(keys), dtype=object)
+            ids[:] = [str(k) for k in keys]
+        rows = [vector_of(r, self.vector) for r in records]
+        if any(row is None for row in rows):
+            bad = keys[[row is None for row in rows].index(True)]
+            raise InvalidInputError(f"point {bad} of {self.name} lost its vector", param="id")
+        vectors = np.asarray(rows, dtype=np.float32)
+        if vectors.shape != (len(keys), self.info.dim):
+            raise ShapeMismatchError(
+                f"vectors of {self.name} are not of dimension {self.info.dim}",
+                expected=self.info.dim,
+                got=vectors.shape[-1],
+                param="vector",
+            )
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():
+            bad = keys[int(np.argmin(finite))]
+            raise NonFiniteError(
+                f"the vector of id {bad} in {self.name} holds NaN or infinity", param="vector"
+            )
+        return Batch(ids, vectors, keys[-1])
+
+    def fetch(self, ids: np.ndarray) -> np.ndarray:
+        """Vectors (len(ids), dim) float32 of the points ``ids``, in that order.
+
+        Raises
+        ------
+        InvalidInputError
+            An id that is not a point of the collection, or has no such vector.
+        """
+        ids = np.asarray(ids)
+        keys = [point_key(k)[0] for k in ids.tolist()]
+        found = self._retrieve(keys, self.vector)
+        return fetched(ids, found, keys, self.name)
+
+    def sample_ids(self, n: int, seed: int) -> np.ndarray:
+        """Up to ``n`` ids of points with the vector, a seeded random sample in id order
+        (scrolls every id once, without vectors)."""
+        keys: list[Any] = []
+        offset: Any = None
+        while True:
+            records, offset = self.scroll(
+                scroll_filter=has_vector(self.vector, present=True),
+                limit=10_000,
+                offset=offset,
+                with_payload=False,
+                with_vectors=False,
+            )
+            keys += [r.id for r in records]
+            if offset is None:
+                break
+        rng = np.random.default_rng(seed)
+        pick = np.sort(rng.choice(len(keys), size=min(int(n), len(keys)), replace=False))
+        if self.info.id_kind == "int":
+            return np.asarray([keys[i] for i in pick], dtype=np.int64)
+        out = np.empty(len(pick), dtype=object)
+        out[:] = [str(keys[i]) for i in pick]
+        return out
+
+
+class QdrantTarget(Collection):
+    """A new collection, or a new named vector of an existing one (see the module docstring).
+
+    Raises
+    ------
+    StoreError
+        The server cannot be reached or refuses the API key; the local folder is locked.
+    InvalidInputError
+        A bad URI.
+    """
+
+    def __init__(self, parsed: StoreURI) -> None:
+        super().__init__(parsed, create=True)
+        self.vector = self.address.vector
+        self.distance = self.address.distance or "Cosine"
+        self.key = f"lead_migration:{self.vector}" if self.address.named else "lead_migration"
+        self.uri = with_params(self.address.uri, vector=self.vector if self.address.named else None)
+        self.spec: dict[str, Any] = {}
+        self.new_collection = True
+
+    def _params(self, dim: int) -> Any:
+        from qdrant_client import models
+
+        return models.VectorParams(size=dim, distance=models.Distance(self.distance))
+
+    def _vector_size(self, config: Any) -> int | None:
+        vectors = config.params.vectors
+        if not isinstance(vectors, dict):
+            vectors = {"": vectors} if vectors is not None else {}
+        params = vectors.get(self.vector)
+        return None if params is None else int(params.size)
+
+    def _save(self, progress: Progress) -> None:
+        entry = {
+            "spec": self.spec,
+            "position": progress.position,
+            "rows_written": progress.rows_written,
+            "done": progress.done,
+        }
+        self.call(lambda c: c.update_collection(self.collection, metadata={self.key: entry}))
+
+    def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
+        """Create the collection or vector with its checkpoint, or resume the same migration.
+
+        Raises
+        ------
+        ConflictError
+            The collection (without ``?vector=``) or the named vector exists without this
+            migration's checkpoint, or with another migration's (naming the setting that
+            differs).
+        StoreError
+            The server keeps no collection metadata, or cannot add a named vector.
+        """
+        want = {**spec.as_dict(), "vector": self.vector, "distance": self.distance}
+        config = self._config()
+        entry = None if config is None else (config.metadata or {}).get(self.key)
+        if entry is not None:
+            have = dict(entry.get("spec") or {})
+            keys = (set(want) | set(have)) - {"new_collection"}
+            differ = sorted(k for k in keys if want.get(k) != have.get(k))
+            if differ:
+                key = differ[0]
+                raise ConflictError(
+                    f"{self.uri} holds another migration ({key}: {have.get(key)!r}, this "
+                    f"run: {want.get(key)!r}); choose a new target, or delete it first",
+                    param="target",
+                )
+            self.spec, self.new_collection = have, bool(have.get("new_collection", True))
+            progress = Progress(
+                entry.get("position"), int(entry.get("rows_written", 0)), bool(entry.get("done"))
+            )
+            if self._vector_size(config) is None:
+                if self.new_collection or progress.rows_written:
+                    raise ConflictError(
+                        f"{self.uri}: the checkpoint says LEAD made this vector, but it is "
+                        f"gone; delete {self.key!r} from the collection's metadata to start "
+                        "again",
+                        param="target",
+                    )
+                self._add_vector(spec.dim)  # a run killed between the checkpoint and this
+            return progress
+        if config is not None and (not self.address.named or self._vector_size(config) is not None):
+            what = f"vector {self.vector!r} of " if self.address.named else ""
+            raise ConflictError(
+                f"{what}{self.uri} exists already and was not made by a LEAD migration; "
+                "choose a new collection (or a new ?vector=NAME to add to this one)",
+                param="target",
+            )
+        self.new_collection = config is None
+        self.spec = {**want, "new_collection": self.new_collection}
+        if config is not None:  # the checkpoint first: a kill before the vector exists resumes
+            self._save(Progress())
+            self._add_vector(spec.dim)
+            return Progress()
+        vectors = {self.vector: self._params(spec.dim)} if self.address.named else None
+        self.call(
+            lambda c: c.create_collection(
+                self.collection,
+                vectors_config=vectors or self._params(spec.dim),
+                metadata={self.key: {"spec": self.spec, "position": None, "rows_written": 0}},
+            )
+        )
+        made = self._config()
+        if made is None or self.key not in (made.metadata or {}):
+            self.call(lambda c: c.delete_collection(self.collection))  # empty, just made by us
+            raise StoreError(
+                f"{self.uri}: this Qdrant server keeps no collection metadata, where LEAD "
+                "keeps its checkpoint; upgrade Qdrant",
+            )
+        return Progress()
+
+    def _add_vector(self, dim: int) -> None:
+        from qdrant_client import models
+
+        params = self._params(dim)
+        config = models.DenseVectorNameConfig(
+            dense=models.DenseVectorConfig(size=params.size, distance=params.distance)
+        )
+        try:
+            self.call(
+                lambda c: c.create_vector_name(self.collection, self.vector, config, wait=True)
+            )
+        except StoreError as error:
+            raise StoreError(
+                f"{self.uri}: Qdrant could not add vector {self.vector!r} to the collection "
+                f"({error}); older servers cannot add a named vector: choose a new collection",
+            ) from None
+
+    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
+        """Upsert the points (or update their new vector), wait, then move the checkpoint.
+
+        Raises
+        ------
+        InvalidInputError
+            A negative integer id.
+        StoreError
+            An id that is not a point of an existing collection this run adds a vector to.
+        """
+        from qdrant_client import models
+
+        pairs = [point_key(k) for k in ids.tolist()]
+        keys = [p for p, _ in pairs]
+        rows = np.asarray(vectors, dtype=np.float32).tolist()
+        if self.new_collection:
+            payloads = [{"lead_id": t} if t is not None else {} for _, t in pairs]
+            batch = models.Batch(
+                ids=keys,
+                vectors={self.vector: rows} if self.address.named else rows,
+                payloads=payloads if any(payloads) else None,
+            )
+            self.call(lambda c: c.upsert(self.collection, points=batch, wait=True))
+        else:
+            points = [
+                models.PointVectors(id=k, vector={self.vector: v})
+                for k, v in zip(keys, rows, strict=True)
+            ]
+            try:
+                self.call(lambda c: c.update_vectors(self.collection, points=points, wait=True))
+            except (KeyError, StoreNotFoundError) as error:  # local mode: KeyError(id)
+                raise StoreError(
+                    f"{self.uri}: an id of this batch is not a point of {self.collection!r} "
+                    f"({error}); a vector is added to the points of the same ids",
+                ) from None
+        self._save(progress)
+
+    def finish(self, progress: Progress) -> None:
+        self._save(Progress(progress.position, progress.rows_written, True))
+
+    def fetch(self, ids: np.ndarray) -> np.ndarray:
+        """Translated vectors of ``ids`` (float32, in that order; L2-normalised by Qdrant
+        for Cosine distance).
+
+        Raises
+        ------
+        StoreNotFoundError
+            No such collection or vector.
+        InvalidInputError
+            An id without a translated vector.
+        """
+        config = self._config()
+        if config is None:
+            raise self._missing()
+        if self._vector_size(config) is None:
+            raise StoreNotFoundError(f"{self.uri}: no vector {self.vector!r}", param="vector")
+        ids = np.asarray(ids)
+        keys = [point_key(k)[0] for k in ids.tolist()]
+        return fetched(ids, self._retrieve(keys, self.vector), keys, self.uri)

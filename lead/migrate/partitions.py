@@ -48,6 +48,7 @@ __all__ = [
     "migrate_partition",
     "partition_store",
     "plan_partitions",
+    "unsupported",
 ]
 
 #: rows per partition of a pgvector source when no count is asked for
@@ -128,11 +129,7 @@ def plan_partitions(
             count = max(2 * workers, math.ceil(source.info.rows / PG_ROWS_PER_PARTITION))
         bounds = [None, *source.id_quantiles(count), None]
         return [Partition(k, a, b) for k, (a, b) in enumerate(itertools.pairwise(bounds))]
-    raise InvalidInputError(
-        f"{source.info.uri}: the ray engine reads Parquet files or folders and pgvector "
-        "tables; migrate this source without --engine ray",
-        param="source",
-    )
+    raise unsupported("source", source.info.uri)
 
 
 def _plan_rows(groups: list[list[int]], count: int | None) -> list[Partition]:
@@ -188,10 +185,17 @@ def partition_store(target: Target) -> PartitionStore:
         return ParquetPartitions(target)
     if isinstance(target, PgVectorTarget):
         return PgVectorPartitions(target)
-    raise InvalidInputError(
-        f"{target.uri}: the ray engine writes Parquet folders and pgvector tables; "
-        "migrate into this target without --engine ray",
-        param="target",
+    raise unsupported("target", target.uri)
+
+
+def unsupported(role: str, uri: str) -> InvalidInputError:
+    """The error for a ``role`` (``source`` or ``target``) store the ray engine does not
+    handle."""
+    kinds = "Parquet files or folders" if role == "source" else "Parquet folders"
+    return InvalidInputError(
+        f"{uri}: the ray engine migrates between {kinds} and pgvector tables; migrate this "
+        f"{role} without --engine ray",
+        param=role,
     )
 
 

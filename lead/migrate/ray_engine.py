@@ -55,6 +55,7 @@ from lead.migrate.partitions import (
     migrate_partition,
     partition_store,
     plan_partitions,
+    unsupported,
 )
 from lead.migrate.pgvector import PgVectorSource, PgVectorTarget
 from lead.migrate.stores import MigrationSpec, Progress, open_source, open_target, require
@@ -187,10 +188,6 @@ def _load(text: str) -> LeadError:
     return error
 
 
-def _never() -> ApplyResult:
-    raise AssertionError("unreachable")
-
-
 @contextmanager
 def _ray_connected(address: str | None) -> Iterator[Any]:
     """Ray, initialised: the instance this process has already, or one started (local, or
@@ -282,10 +279,9 @@ def run_apply_ray(
     translator = LocalTranslator(stitch, inverse=inverse, normalize=normalize)
     with open_source(source) as src, open_target(target) as tgt:
         if not isinstance(src, ParquetSource | PgVectorSource):
-            plan_partitions(src)  # raises: the engine does not read this kind
+            raise unsupported("source", src.info.uri)
         if not isinstance(tgt, ParquetTarget | PgVectorTarget):
-            partition_store(tgt)  # raises: the engine does not write this kind
-            return _never()
+            raise unsupported("target", tgt.uri)
         column = str(getattr(src, "name", None) or getattr(src, "column", None) or src.info.uri)
         check_dims(src, translator, column)
         src.check(skip_null=skip_null)

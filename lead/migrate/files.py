@@ -13,14 +13,17 @@ A Parquet target is a folder: ``_lead_migration.json`` (what fills it), one
 part is whole or absent), each carrying the source position after it in its key-value
 metadata, and ``_SUCCESS`` when done. A run killed at any point resumes after the last
 part; pyarrow and every Parquet reader read the folder as one table (the dotted and
-underscored files are skipped).
+underscored files are skipped). A run of ``--engine ray`` writes one part per partition
+instead (N is the partition's index) and its plan in ``_lead_partitions.json``
+(:mod:`lead.migrate.partitions`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,8 @@ from lead.migrate.stores import (
 __all__ = ["ArraySource", "ParquetSource", "ParquetTarget", "open_file_source"]
 
 MANIFEST, SUCCESS = "_lead_migration.json", "_SUCCESS"
+#: the partition plan of a run that fills the folder in partitions (``--engine ray``)
+PARTITIONS = "_lead_partitions.json"
 _POSITION_KEY = b"lead.position"
 
 
@@ -240,20 +245,32 @@ class ParquetSource(Closing):
                 total += stats.null_count
         return total
 
-    def _groups(self, start: int) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """(first row, ids, vectors, valid) per row group from row ``start`` on; the rows
-        of NULL vectors are zeros with ``valid`` false."""
+    def row_groups(self) -> list[list[int]]:
+        """Rows of each row group of each file, in reading order (files in name order)."""
+        return [
+            [meta.metadata.row_group(g).num_rows for g in range(meta.metadata.num_row_groups)]
+            for meta in self._meta
+        ]
+
+    def _groups(
+        self, start: int, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(first row, ids, vectors, valid) per row group for rows ``start`` to ``stop``
+        (excluded; None: the end); the rows of NULL vectors are zeros with ``valid`` false."""
         pa = require("pyarrow", "arrow")
         offset = 0
         columns = [self.column] + ([self.id_column] if self.id_column else [])
         for meta in self._meta:
             for g in range(meta.metadata.num_row_groups):
                 n = meta.metadata.row_group(g).num_rows
+                if stop is not None and offset >= stop:
+                    return
                 if offset + n <= start:
                     offset += n
                     continue
                 skip = max(0, start - offset)
-                table = meta.read_row_group(g, columns=columns).slice(skip)
+                end = n if stop is None else min(n, stop - offset)
+                table = meta.read_row_group(g, columns=columns).slice(skip, end - skip)
                 first = offset + skip
                 ids = self._ids(table, first)
                 column = table.column(self.column).combine_chunks()
@@ -313,12 +330,14 @@ class ParquetSource(Closing):
         ids = np.asarray(table.column(self.id_column).to_numpy(zero_copy_only=False))
         return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
 
-    def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
-        """Rows with a vector, in file and row order, after ``after`` source rows."""
+    def batches(self, batch_size: int, after: Any = None, until: Any = None) -> Iterator[Batch]:
+        """Rows with a vector, in file and row order, after ``after`` source rows and up to
+        row ``until`` (None: the end)."""
         pending_ids: list[np.ndarray] = []
         pending_vectors: list[np.ndarray] = []
         count, position = 0, int(after or 0)
-        for first, ids, vectors, keep in self._groups(position):
+        stop = None if until is None else int(until)
+        for first, ids, vectors, keep in self._groups(position, stop):
             for lo in range(0, len(ids), batch_size):
                 hi = min(lo + batch_size, len(ids))
                 part = keep[lo:hi]
@@ -390,13 +409,20 @@ class ParquetTarget(Closing):
         self.uri = str(path)
         self.dim, self.id_kind, self.parts = 0, "int", 0
 
-    def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
+    def open(
+        self, spec: MigrationSpec, source: SourceInfo, *, partitioned: bool = False
+    ) -> Progress:
         """Create the folder and its manifest, or resume the migration it holds.
+
+        ``partitioned``: the caller fills the folder partition by partition
+        (:mod:`lead.migrate.partitions`); without it, a folder that such a run left
+        unfinished is refused.
 
         Raises
         ------
         ConflictError
-            A file (not a folder), a folder with other content, or another migration's.
+            A file (not a folder), a folder with other content, or another migration's;
+            an unfinished partitioned run opened without ``partitioned``.
         """
         self.dim, self.id_kind = spec.dim, spec.id_kind
         want = {**spec.as_dict(), "column": self.column}
@@ -413,7 +439,15 @@ class ParquetTarget(Closing):
                     f"run: {want.get(key)!r}); choose a new target",
                     param="target",
                 )
-            return self._progress()
+            # a partitioned run's workers open the folder while others write their parts
+            progress = self._progress(clean=not partitioned)
+            if not partitioned and not progress.done and (self.path / PARTITIONS).is_file():
+                raise ConflictError(
+                    f"{self.path} is being filled in partitions by `--engine ray`; resume it "
+                    "with --engine ray",
+                    param="target",
+                )
+            return progress
         if self.path.is_dir() and any(self.path.iterdir()):
             raise ConflictError(
                 f"{self.path} exists with other content; choose a new or empty folder",
@@ -426,41 +460,69 @@ class ParquetTarget(Closing):
     def _part_files(self) -> list[Path]:
         return sorted(self.path.glob("part-*.parquet"))
 
-    def _progress(self) -> Progress:
+    def _progress(self, *, clean: bool = True) -> Progress:
         pq = require("pyarrow.parquet", "arrow")
-        for stale in self.path.glob(".part-*.tmp"):
-            stale.unlink()  # a part a killed run did not finish
+        if clean:
+            self.remove_unfinished_parts()
         parts = self._part_files()
         self.parts = len(parts)
         done = (self.path / SUCCESS).is_file()
         if not parts:
             return Progress(done=done)
-        meta = pq.read_metadata(parts[-1]).metadata or {}
-        state = json.loads(meta[_POSITION_KEY])
-        return Progress(state["position"], int(state["rows_written"]), done)
+        metas = [pq.read_metadata(part) for part in parts]
+        state = json.loads((metas[-1].metadata or {})[_POSITION_KEY])
+        return Progress(state["position"], sum(m.num_rows for m in metas), done)
+
+    def remove_unfinished_parts(self) -> None:
+        """Delete the temporary files of parts that a killed run did not finish."""
+        for stale in self.path.glob(".part-*.tmp"):
+            stale.unlink(missing_ok=True)
 
     def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
         """Write one part (temporary name, fsync, rename) carrying the checkpoint."""
+        state = {"position": progress.position, "rows_written": progress.rows_written}
+        self.write_part(f"part-{self.parts:06d}.parquet", state, [(ids, vectors)])
+        self.parts += 1
+
+    def write_part(
+        self, name: str, state: dict[str, Any], batches: Iterable[tuple[np.ndarray, np.ndarray]]
+    ) -> int:
+        """Write the rows of ``batches`` as part ``name`` (one row group per batch), whole
+        or not at all: to a temporary name, fsynced, renamed. ``state`` goes in its
+        key-value metadata. Returns the rows written.
+
+        Parameters
+        ----------
+        batches : iterable of (ids, vectors)
+            ids of shape (m,), int64 or str; vectors of shape (m, dim), float32.
+        """
         pa = require("pyarrow", "arrow")
         pq = require("pyarrow.parquet", "arrow")
-        values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-        column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
-        id_array = pa.array(ids.tolist() if ids.dtype == object else ids)
-        state = {"position": progress.position, "rows_written": progress.rows_written}
         schema = pa.schema(
-            [("id", id_array.type), (self.column, column.type)],
+            [
+                ("id", pa.int64() if self.id_kind == "int" else pa.string()),
+                (self.column, pa.list_(pa.float32(), self.dim)),
+            ],
             metadata={_POSITION_KEY: json.dumps(state).encode()},
         )
-        table = pa.Table.from_arrays([id_array, column], schema=schema)
-        name = f"part-{self.parts:06d}.parquet"
-        tmp = self.path / f".{name}.tmp"
-        with tmp.open("wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path / name)
+        tmp = self.path / f".{name}.{uuid.uuid4().hex}.tmp"
+        rows = 0
+        try:
+            with tmp.open("wb") as handle:
+                with pq.ParquetWriter(handle, schema) as writer:
+                    for ids, vectors in batches:
+                        values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
+                        column = pa.FixedSizeListArray.from_arrays(values, self.dim)
+                        id_array = pa.array(ids.tolist() if ids.dtype == object else ids)
+                        writer.write_table(pa.Table.from_arrays([id_array, column], schema=schema))
+                        rows += len(ids)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path / name)
+        finally:
+            tmp.unlink(missing_ok=True)
         _fsync_dir(self.path)
-        self.parts += 1
+        return rows
 
     def finish(self, progress: Progress) -> None:
         _write_json(self.path / SUCCESS, {"rows": progress.rows_written})

@@ -52,6 +52,8 @@ _INT_IDS = {"int8": ">i8", "int4": ">i4", "int2": ">i2"}
 _TEXT_IDS = {"text", "varchar", "bpchar", "uuid", "name"}
 _VALUE = {"vector": ">f4", "halfvec": ">f2"}
 CHECKPOINTS = "lead_migrations"
+#: the partition plan and done-markers of runs that fill a target in partitions (``--engine ray``)
+PARTITIONS = "lead_migration_partitions"
 
 
 def _connect(parsed: StoreURI) -> Any:
@@ -255,13 +257,15 @@ class PgVectorSource(Closing):
         ).fetchone()
         return row is not None
 
-    def _select(self, after: Any, limit: int | None = None) -> Any:
+    def _select(self, after: Any, limit: int | None = None, until: Any = None) -> Any:
         from psycopg import sql
 
         ident = self._ident_sql()
         where = sql.SQL("{col} IS NOT NULL").format(col=self._col)
         if after is not None:
             where = sql.SQL("{} AND {} > {}").format(where, self._id, sql.Literal(after))
+        if until is not None:
+            where = sql.SQL("{} AND {} <= {}").format(where, self._id, sql.Literal(until))
         query = sql.SQL("SELECT {ident}, {col} FROM {tbl} WHERE {where} ORDER BY {id}").format(
             ident=ident, col=self._col, tbl=self._tbl, where=where, id=self._id
         )
@@ -276,16 +280,18 @@ class PgVectorSource(Closing):
         cast = "bigint" if self.id_type in _INT_IDS else "text"
         return sql.SQL("{}::" + cast).format(self._id)
 
-    def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
-        """Rows with a vector in id order, after id ``after``; one COPY stream, parsed with
-        NumPy in batches of ``batch_size`` rows. Uses its own connection (it runs in the
-        read-ahead thread)."""
+    def batches(self, batch_size: int, after: Any = None, until: Any = None) -> Iterator[Batch]:
+        """Rows with a vector in id order, after id ``after`` and up to id ``until`` (None:
+        the end); one COPY stream, parsed with NumPy in batches of ``batch_size`` rows.
+        Uses its own connection (it runs in the read-ahead thread)."""
         from psycopg import sql
 
         parser = _CopyParser(
             self.info.id_kind == "int", _VALUE[self.vector_type], self.info.dim, self.name
         )
-        copy_sql = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(self._select(after))
+        copy_sql = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(
+            self._select(after, until=until)
+        )
         conn = _connect(self.parsed)
         stopped = False
         try:
@@ -308,6 +314,21 @@ class PgVectorSource(Closing):
                 raise StoreError(f"reading {self.name} failed: {error}") from None
         finally:
             conn.close()
+
+    def id_quantiles(self, count: int) -> list[Any]:
+        """The ids that cut the rows with a vector into ``count`` ranges of about equal size
+        (``percentile_disc`` over the id column, in the order :meth:`batches` reads); at
+        most ``count - 1`` distinct ids, ascending (int, or str for text ids)."""
+        fractions = [k / count for k in range(1, count)]
+        if not fractions:
+            return []
+        (cuts,) = self._query(
+            "SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {tbl} "
+            "WHERE {col} IS NOT NULL",
+            (fractions,),
+        ).fetchone()
+        kind = int if self.info.id_kind == "int" else str
+        return list(dict.fromkeys(kind(c) for c in cuts or [] if c is not None))
 
     def fetch(self, ids: np.ndarray) -> np.ndarray:
         """Vectors of ``ids`` (in that order) as float32 (len(ids), dim).
@@ -584,14 +605,21 @@ class PgVectorTarget(Closing):
             return None
         return row[0], Progress(row[1], int(row[2]), bool(row[3]))
 
-    def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
+    def open(
+        self, spec: MigrationSpec, source: SourceInfo, *, partitioned: bool = False
+    ) -> Progress:
         """Create the table or column with its checkpoint, or resume the same migration.
+
+        ``partitioned``: the caller fills the target partition by partition
+        (:mod:`lead.migrate.partitions`); without it, a target that such a run left
+        unfinished is refused.
 
         Raises
         ------
         ConflictError
             The table / column exists without this migration's checkpoint, or with another
-            migration's (naming the setting that differs).
+            migration's (naming the setting that differs); an unfinished partitioned run
+            opened without ``partitioned``.
         InvalidInputError
             ``source`` ids are text and the existing target table's id column is not.
         """
@@ -614,6 +642,12 @@ class PgVectorTarget(Closing):
                 )
             self.new_table = bool(have.get("new_table", True))
             self._check_target_column()
+            if not partitioned and not progress.done and self._partitioned():
+                raise ConflictError(
+                    f"{self.uri} is being filled in partitions by `--engine ray`; resume it "
+                    "with --engine ray",
+                    param="target",
+                )
             return progress
         exists = _table_exists(self.conn, self.schema, self.table)
         if exists and _column_type(self.conn, self.schema, self.table, self.column):
@@ -670,38 +704,72 @@ class PgVectorTarget(Closing):
                 param="target",
             )
 
+    def _partitioned(self) -> bool:
+        if not _table_exists(self.conn, self.schema, PARTITIONS):
+            return False
+        row = self.conn.execute(
+            self._sql("SELECT 1 FROM {parts} WHERE target = %s LIMIT 1", parts=self.parts_table),
+            (self.key,),
+        ).fetchone()
+        return row is not None
+
+    @property
+    def parts_table(self) -> Any:
+        """The identifier of the partitions table (:data:`PARTITIONS`) beside the target."""
+        return _ident(self.schema, PARTITIONS)
+
+    def write_rows(self, cursor: Any, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """COPY the rows into the new table (or stage and UPDATE them into the new column),
+        inside the caller's transaction.
+
+        Parameters
+        ----------
+        cursor : psycopg.Cursor
+            A cursor of ``self.conn`` inside a transaction.
+        ids : ndarray of shape (m,)
+            int64, or object (str).
+        vectors : ndarray of shape (m, dim), float32
+
+        Raises
+        ------
+        StoreError
+            New-column mode: an id that is not a row of the table.
+        """
+        data = _copy_rows(ids, vectors, _VALUE[self.vector_type], self.id_kind == "int")
+        if self.new_table:
+            with cursor.copy(
+                self._sql("COPY {tbl} ({id}, {col}) FROM STDIN (FORMAT BINARY)")
+            ) as copy:
+                copy.write(data)
+            return
+        id_sql = "bigint" if self.id_kind == "int" else "text"
+        type_sql = f"{self.vector_type}({self.dim})"
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS lead_stage (id {id_sql}, v {type_sql}) "
+            "ON COMMIT DELETE ROWS"
+        )
+        with cursor.copy("COPY lead_stage (id, v) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(data)
+        cast = "" if self.id_kind == "int" else "::text"
+        cursor.execute(
+            self._sql(
+                f"UPDATE {{tbl}} t SET {{col}} = s.v FROM lead_stage s WHERE t.{{id}}{cast} = s.id"
+            )
+        )
+        updated = cursor.rowcount
+        cursor.execute("TRUNCATE lead_stage")  # the next batch of this transaction starts empty
+        if updated != len(ids):
+            raise StoreError(
+                f"{self.uri}: {len(ids) - updated} of {len(ids)} ids of this batch are not "
+                f"rows of {self.table}",
+            )
+
     def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
         """COPY the rows (or stage and UPDATE them) and move the checkpoint, in one transaction."""
         from psycopg.types.json import Jsonb
 
-        data = _copy_rows(ids, vectors, _VALUE[self.vector_type], self.id_kind == "int")
-        id_sql = "bigint" if self.id_kind == "int" else "text"
-        type_sql = f"{self.vector_type}({self.dim})"
         with self.conn.transaction(), self.conn.cursor() as cursor:
-            if self.new_table:
-                with cursor.copy(
-                    self._sql("COPY {tbl} ({id}, {col}) FROM STDIN (FORMAT BINARY)")
-                ) as copy:
-                    copy.write(data)
-            else:
-                cursor.execute(
-                    f"CREATE TEMP TABLE IF NOT EXISTS lead_stage (id {id_sql}, v {type_sql}) "
-                    "ON COMMIT DELETE ROWS"
-                )
-                with cursor.copy("COPY lead_stage (id, v) FROM STDIN (FORMAT BINARY)") as copy:
-                    copy.write(data)
-                cast = "" if self.id_kind == "int" else "::text"
-                cursor.execute(
-                    self._sql(
-                        "UPDATE {tbl} t SET {col} = s.v FROM lead_stage s "
-                        f"WHERE t.{{id}}{cast} = s.id"
-                    )
-                )
-                if cursor.rowcount != len(ids):
-                    raise StoreError(
-                        f"{self.uri}: {len(ids) - cursor.rowcount} of {len(ids)} ids of this "
-                        f"batch are not rows of {self.table}",
-                    )
+            self.write_rows(cursor, ids, vectors)
             cursor.execute(
                 self._sql(
                     "UPDATE {ckpt} SET position = %s, rows_written = %s, updated_at = now() "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lead.migrate.apply import ApplyResult, run_apply
-from lead.migrate.stores import open_source, open_target
+from lead.migrate.registry import open_source, open_target
 from lead.migrate.translator import LocalTranslator, RemoteTranslator, Translator, make_translator
 
 __all__ = [

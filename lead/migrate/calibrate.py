@@ -34,7 +34,7 @@ from lead.migrate.quality import (
     evaluate,
     retrieval_against_bound,
 )
-from lead.migrate.stores import open_source
+from lead.migrate.registry import open_source
 from lead.scorecard import CORE_METRICS, RetrievalData, score_stitch
 from lead.splits import MIN_SPLIT_SIDE, holdout_split
 from lead.stitches import StitchInfo

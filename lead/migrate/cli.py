@@ -58,7 +58,7 @@ def _translator(args: argparse.Namespace) -> Any:
 
 def _plan(args: argparse.Namespace) -> int:
     from lead.migrate.plan import run_plan
-    from lead.migrate.stores import open_source
+    from lead.migrate.registry import open_source
 
     translator = _translator(args)
     try:

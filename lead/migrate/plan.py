@@ -12,7 +12,6 @@ a probe: ``apply``'s progress bar shows the real rate.
 from __future__ import annotations
 
 import time
-from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,8 +145,13 @@ def run_plan(
 
 def _probe(source: Source, translator: Translator, rows: int) -> tuple[dict[str, Any], float]:
     started = time.perf_counter()
-    with closing(source.batches(PROBE_ROWS)) as batches:
+    batches = source.batches(PROBE_ROWS)
+    try:
         batch = next(batches, None)
+    finally:
+        stop = getattr(batches, "close", None)  # a generator: stop reading the store
+        if stop is not None:
+            stop()
     read = time.perf_counter() - started
     if batch is None or not len(batch.ids):
         return {"rows": 0}, 0.0

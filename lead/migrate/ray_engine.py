@@ -58,7 +58,8 @@ from lead.migrate.partitions import (
     unsupported,
 )
 from lead.migrate.pgvector import PgVectorSource, PgVectorTarget
-from lead.migrate.stores import MigrationSpec, Progress, open_source, open_target, require
+from lead.migrate.registry import open_source, open_target
+from lead.migrate.stores import MigrationSpec, Progress, require
 from lead.migrate.translator import LocalTranslator
 
 __all__ = ["PartitionWorker", "RayJob", "run_apply_ray"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -44,8 +43,6 @@ __all__ = [
     "SourceInfo",
     "StoreURI",
     "Target",
-    "open_source",
-    "open_target",
     "parse_store_uri",
     "with_params",
 ]
@@ -341,52 +338,6 @@ class Target(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> None: ...
-
-
-def open_source(uri: str) -> Source:
-    """Open the store named by ``uri`` for reading (see the module docstring).
-
-    Raises
-    ------
-    InvalidInputError
-        A bad URI, or a store kind whose client library is not installed.
-    StoreNotFoundError
-        No such table, column, collection or file.
-    StoreError
-        The store cannot be reached or refuses the credentials.
-    """
-    parsed = parse_store_uri(uri)
-    if parsed.scheme == "postgresql":
-        from lead.migrate.pgvector import PgVectorSource
-
-        return PgVectorSource(parsed)
-    if parsed.scheme == "qdrant":
-        from lead.migrate.qdrant import QdrantSource
-
-        return QdrantSource(parsed)
-    from lead.migrate.files import open_file_source
-
-    return open_file_source(parsed)
-
-
-def open_target(uri: str, *, source: StoreURI | None = None) -> Target:
-    """The target named by ``uri`` (created by :meth:`Target.open`).
-
-    ``source`` is the parsed source URI: a pgvector target may be a new column of the
-    source's own table.
-    """
-    parsed = parse_store_uri(uri)
-    if parsed.scheme == "postgresql":
-        from lead.migrate.pgvector import PgVectorTarget
-
-        return PgVectorTarget(parsed)
-    if parsed.scheme == "qdrant":
-        from lead.migrate.qdrant import QdrantTarget
-
-        return QdrantTarget(parsed)
-    from lead.migrate.files import ParquetTarget
-
-    return ParquetTarget(Path(parsed.path), parsed.params)
 
 
 def require(module: str, extra: str) -> Any:

@@ -37,8 +37,9 @@ from lead.migrate.quality import (
     evaluate,
     retrieval_against_bound,
 )
+from lead.migrate.registry import open_source
 from lead.migrate.report import junit_xml, markdown_report, plot_cosines, write_json, write_text
-from lead.migrate.stores import open_source, parse_store_uri
+from lead.migrate.stores import parse_store_uri
 from lead.scorecard import core_scores
 
 __all__ = ["WORST_ROWS", "VerifyResult", "run_verify"]

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lead.migrate.stores import open_target, with_params
+from lead.migrate.registry import open_target
+from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
 from tests.migrate.conftest import checksum, make_table, sql
 

@@ -25,7 +25,8 @@ from lead.errors import (
     StoreNotFoundError,
 )
 from lead.migrate.qdrant import LEAD_NAMESPACE
-from lead.migrate.stores import open_source, open_target, parse_store_uri, with_params
+from lead.migrate.registry import open_source, open_target
+from lead.migrate.stores import parse_store_uri, with_params
 from lead.migrate.translator import LocalTranslator
 from tests.migrate.conftest import make_table
 

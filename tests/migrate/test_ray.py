@@ -19,7 +19,8 @@ from lead.migrate.partitions import (
     partition_store,
     plan_partitions,
 )
-from lead.migrate.stores import open_source, open_target, with_params
+from lead.migrate.registry import open_source, open_target
+from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
 from tests.migrate.conftest import checksum, make_table, sql
 

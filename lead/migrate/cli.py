@@ -115,6 +115,148 @@ def _apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queries(args: argparse.Namespace) -> Any:
+    """:class:`~lead.migrate.quality.RetrievalQueries` from ``--queries`` / ``--qrels``."""
+    if args.queries is None and args.qrels is None:
+        if args.source_queries is not None:
+            raise InvalidInputError("--source-queries needs --queries and --qrels")
+        return None
+    if args.queries is None or args.qrels is None:
+        raise InvalidInputError("--queries and --qrels go together", param="queries")
+    import numpy as np
+
+    from lead.migrate.quality import RetrievalQueries
+    from lead.migrate.registry import open_source
+
+    with open_source(args.queries) as store:
+        parts = list(store.batches(65536))
+    ids = [str(i) for p in parts for i in p.ids.tolist()]
+    target = np.concatenate([p.vectors for p in parts]) if parts else np.empty((0, 0))
+    source = None
+    if args.source_queries is not None:
+        with open_source(args.source_queries) as store:
+            keys = parts[0].ids if len(parts) == 1 else np.concatenate([p.ids for p in parts])
+            source = store.fetch(keys)
+    return RetrievalQueries(target, ids, read_qrels(args.qrels), source)
+
+
+def read_qrels(path: str) -> dict[str, dict[str, int]]:
+    """Relevance judgments from a BEIR ``qrels/*.tsv`` (``query-id corpus-id score``, with a
+    header) or a JSON file ``{query_id: {doc_id: grade}}``.
+
+    Raises
+    ------
+    InvalidInputError
+        A missing file, or a line that is not three tab-separated fields with an integer
+        score.
+    """
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise InvalidInputError(f"no such qrels file: {path}", param="qrels")
+    text = file.read_text()
+    if file.suffix.lower() == ".json":
+        try:
+            loaded = json.loads(text)
+            return {str(q): {str(d): int(g) for d, g in docs.items()} for q, docs in loaded.items()}
+        except (ValueError, AttributeError, TypeError) as error:
+            raise InvalidInputError(f"{path}: not a JSON qrels object ({error})") from None
+    qrels: dict[str, dict[str, int]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split("\t")
+        if not line.strip() or (number == 1 and fields[-1].strip() == "score"):
+            continue
+        try:
+            query, doc, grade = fields
+            qrels.setdefault(query.strip(), {})[doc.strip()] = int(grade)
+        except ValueError:
+            raise InvalidInputError(
+                f"{path} line {number}: expected query-id<TAB>corpus-id<TAB>integer score",
+                param="qrels",
+            ) from None
+    return qrels
+
+
+def _thresholds(args: argparse.Namespace) -> dict[str, float]:
+    names = ("min_r2", "min_mean_cosine", "min_top1", "min_retention")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def _gate_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "gates",
+        "defaults: R² > 0, mean cosine above the mean estimator's, top-1 >= 0.5, and with "
+        "--queries nDCG@10 retention >= 0.8 of the bound",
+    )
+    group.add_argument("--min-r2", dest="min_r2", type=float, metavar="X")
+    group.add_argument("--min-mean-cosine", dest="min_mean_cosine", type=float, metavar="X")
+    group.add_argument("--min-top1", dest="min_top1", type=float, metavar="X")
+    group.add_argument(
+        "--min-retention",
+        dest="min_retention",
+        type=float,
+        metavar="X",
+        help="translated nDCG@10 / min(source-native, target-native) (needs --queries)",
+    )
+    group.add_argument(
+        "--queries",
+        metavar="URI",
+        help="the queries embedded by the new model: a store whose ids are the query ids",
+    )
+    group.add_argument(
+        "--source-queries",
+        metavar="URI",
+        help="the same queries embedded by the old model (source-native half of the bound)",
+    )
+    group.add_argument(
+        "--qrels", metavar="FILE", help="relevance judgments: BEIR qrels .tsv, or JSON"
+    )
+    parser.add_argument("--sample", type=int, help="ids drawn from those in both stores")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from lead._options import parse_option_items
+    from lead.migrate.calibrate import run_calibrate
+
+    result = run_calibrate(
+        args.source,
+        args.native,
+        args.stitch,
+        method=args.method,
+        options=parse_option_items(args.option),
+        sample=args.sample if args.sample is not None else 2000,
+        holdout=args.holdout,
+        seed=args.seed,
+        source_model=args.source_model,
+        target_model=args.target_model,
+        queries=_queries(args),
+        thresholds=_thresholds(args),
+        force=args.force,
+    )
+    _print(result.as_dict())
+    return 0 if result.passed else 1
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from lead.migrate.verify import run_verify
+
+    result = run_verify(
+        args.target,
+        args.native,
+        sample=args.sample if args.sample is not None else 1000,
+        seed=args.seed,
+        source=args.source,
+        queries=_queries(args),
+        thresholds=_thresholds(args),
+        report_dir=args.report,
+        junit=args.junit,
+    )
+    _print(result.as_dict())
+    return int(result.exit_code)
+
+
 def add_migrate_commands(commands: Any) -> None:
     """Add ``migrate {plan,calibrate,apply,verify}`` to the ``lead`` subcommand parsers."""
     migrate = commands.add_parser(
@@ -145,6 +287,38 @@ def add_migrate_commands(commands: Any) -> None:
     )
     plan.set_defaults(handler=_plan)
 
+    calibrate = steps.add_parser(
+        "calibrate",
+        help="fit a stitch on the ids that have the new model's vectors too; go / no-go",
+    )
+    calibrate.add_argument("source", metavar="SOURCE_URI")
+    calibrate.add_argument(
+        "native", metavar="NATIVE_URI", help="the new model's vectors for some of the ids"
+    )
+    calibrate.add_argument(
+        "--stitch", required=True, metavar="FOLDER", help="where the fitted stitch is saved"
+    )
+    calibrate.add_argument(
+        "--method",
+        default="ridge",
+        help="ridge | procrustes | mlp | invertible | anchors (as lead fit)",
+    )
+    calibrate.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method option (JSON value)",
+    )
+    calibrate.add_argument("--holdout", type=float, default=0.2, help="held-out fraction")
+    calibrate.add_argument("--source-model", help="recorded in the stitch (the old model's id)")
+    calibrate.add_argument("--target-model", help="recorded in the stitch (the new model's id)")
+    calibrate.add_argument(
+        "--force", action="store_true", help="replace an existing --stitch folder"
+    )
+    _gate_arguments(calibrate)
+    calibrate.set_defaults(handler=_calibrate)
+
     apply = steps.add_parser(
         "apply",
         help="translate every vector into a new target (resumable; re-running is a no-op)",
@@ -163,3 +337,18 @@ def add_migrate_commands(commands: Any) -> None:
     apply.add_argument("--partitions", type=int, help="--engine ray: number of partitions")
     apply.add_argument("--quiet", action="store_true", help="no progress bar")
     apply.set_defaults(handler=_apply)
+
+    verify = steps.add_parser(
+        "verify",
+        help="compare translated with native vectors; JSON + Markdown report, JUnit; exit 1 "
+        "under a gate",
+    )
+    verify.add_argument("source", metavar="SOURCE_URI", help="the migrated store (for the bound)")
+    verify.add_argument("target", metavar="TARGET_URI", help="the translated store")
+    verify.add_argument(
+        "--native", required=True, metavar="URI", help="the new model's vectors for some ids"
+    )
+    verify.add_argument("--report", default="lead-verify", metavar="DIR", help="report folder")
+    verify.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    _gate_arguments(verify)
+    verify.set_defaults(handler=_verify)

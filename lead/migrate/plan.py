@@ -166,4 +166,4 @@ def _probe(source: Source, translator: Translator, rows: int) -> tuple[dict[str,
         "read_rows_per_second": round(n / max(read, 1e-9), 1),
         "translate_rows_per_second": round(n / max(translate, 1e-9), 1),
     }
-    return probe, round(per_row * rows, 1)
+    return probe, round(per_row * rows, 3)

@@ -1,0 +1,150 @@
+"""The README's walkthrough, step by step through ``lead migrate`` on a real pgvector table
+(SciFact documents by all-MiniLM-L6-v2, the shipped fixture), and the CLI's refusals."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lead.cli import main
+from lead.migrate.registry import open_source, open_target
+from lead.migrate.translator import LocalTranslator
+from scripts.migrate_demo import build_demo, load_scifact
+from tests.migrate.conftest import checksum, sql
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main(list(argv))
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, (json.loads(out[-1]) if out else {})
+
+
+@pytest.fixture(scope="module")
+def demo(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    data = load_scifact(native_sample=300, prefer_shared=False)
+    return build_demo(pg_uri, tmp_path_factory.mktemp("demo"), data, table="walk")
+
+
+def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys):
+    before = checksum(pg_uri, "walk", "embedding")
+    code, plan = _run(capsys, "migrate", "plan", demo["source"], "--stitch", "minilm-to-mpnet")
+    assert code == 0 and plan["ok"] and plan["problems"] == []
+    assert (plan["source"]["rows"], plan["source"]["dim"], plan["stitch"]["target_dim"]) == (
+        400,
+        384,
+        768,
+    )
+    assert plan["estimated_seconds"] > 0
+
+    stitch = str(tmp_path / "stitch")
+    retrieval = [
+        *("--queries", demo["queries"], "--source-queries", demo["source_queries"]),
+        *("--qrels", demo["qrels"]),
+    ]
+    code, calibrated = _run(
+        capsys,
+        "migrate",
+        "calibrate",
+        demo["source"],
+        demo["native"],
+        "--stitch",
+        stitch,
+        *retrieval,
+    )
+    assert code == 0 and calibrated["decision"] == "go"
+    assert (Path(stitch) / "model.safetensors").is_file()
+
+    code, applied = _run(
+        capsys,
+        "migrate",
+        "apply",
+        demo["source"],
+        demo["target"],
+        "--stitch",
+        stitch,
+        "--batch-size",
+        "64",
+        "--quiet",
+    )
+    assert code == 0 and (applied["rows_written"], applied["rows_total"]) == (400, 400)
+    with open_source(demo["source"]) as source, open_target(demo["target"]) as target:
+        ids = source.sample_ids(50, seed=1)
+        expected = LocalTranslator(stitch)(source.fetch(ids))
+        assert np.abs(target.fetch(ids) - expected).max() <= 1e-5
+    code, again = _run(
+        capsys, "migrate", "apply", demo["source"], demo["target"], "--stitch", stitch, "--quiet"
+    )
+    assert code == 0 and again["rows_written"] == 0 and again["already_done"]
+
+    report, junit = tmp_path / "report", tmp_path / "junit.xml"
+    code, verified = _run(
+        capsys,
+        "migrate",
+        "verify",
+        demo["source"],
+        demo["target"],
+        "--native",
+        demo["native"],
+        *retrieval,
+        "--report",
+        str(report),
+        "--junit",
+        str(junit),
+    )
+    assert code == 0 and verified["passed"]
+    assert json.loads((report / "report.json").read_text())["passed"] is True
+    assert "PASSED" in (report / "report.md").read_text()
+    assert ET.parse(junit).getroot().find(".//failure") is None
+    # a gate the migration cannot meet: exit status 1 and a JUnit failure
+    code, failed = _run(
+        capsys,
+        "migrate",
+        "verify",
+        demo["source"],
+        demo["target"],
+        "--native",
+        demo["native"],
+        "--min-mean-cosine",
+        "0.999",
+        "--report",
+        str(report),
+        "--junit",
+        str(junit),
+    )
+    assert code == 1 and not failed["passed"]
+    assert ET.parse(junit).getroot().find(".//failure") is not None
+    assert checksum(pg_uri, "walk", "embedding") == before
+
+
+def test_plan_lists_problems_instead_of_failing(pg_uri, capsys):
+    sql(pg_uri, "DROP TABLE IF EXISTS plan_nulls")
+    sql(pg_uri, "CREATE TABLE plan_nulls (id bigint PRIMARY KEY, emb vector(384))")
+    sql(pg_uri, "INSERT INTO plan_nulls VALUES (1, NULL)")
+    uri = pg_uri + "&table=plan_nulls&column=emb"
+    code, plan = _run(capsys, "migrate", "plan", uri, "--stitch", "minilm-to-mpnet")
+    assert code == 1 and not plan["ok"]
+    assert "NULL" in plan["problems"][0] and "id 1" in plan["problems"][0]
+    code, plan = _run(capsys, "migrate", "plan", uri, "--stitch", "mpnet-to-minilm")
+    assert code == 1 and "expects 768" in plan["problems"][0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["apply", "nope.parquet", "out", "--stitch", "minilm-to-mpnet"], "no such file"),
+        (["apply", "mysql://h/db", "out", "--stitch", "minilm-to-mpnet"], "unknown store scheme"),
+        (["plan", "x.npy", "--stitch", "no-such-stitch"], "no stitch"),
+        (["apply", "a.npy", "b", "--stitch", "minilm-to-mpnet", "--batch-size", "0"], "at least 1"),
+    ],
+)
+def test_cli_errors_are_one_line_with_status_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((2, 384), np.float32))
+    assert main(["migrate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err

@@ -214,6 +214,9 @@ class RemoteTranslator:
             folder = self.client.download_stitch(stitch, tmp / "stitch")
             local = load_stitch(folder)
             self.ref = _ref(stitch, folder, local, False)
+        except BaseException:
+            self.client.close()
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -17,18 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from lead.migrate.apply import ApplyResult, run_apply
+from lead.migrate.calibrate import CalibrateResult
+from lead.migrate.calibrate import run_calibrate as calibrate
+from lead.migrate.plan import PlanResult, run_plan
+from lead.migrate.quality import RetrievalQueries
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.translator import LocalTranslator, RemoteTranslator, Translator, make_translator
+from lead.migrate.verify import VerifyResult
+from lead.migrate.verify import run_verify as verify
 
 __all__ = [
     "ApplyResult",
+    "CalibrateResult",
     "LocalTranslator",
+    "PlanResult",
     "RemoteTranslator",
+    "RetrievalQueries",
     "Translator",
+    "VerifyResult",
     "apply",
+    "calibrate",
     "make_translator",
     "open_source",
     "open_target",
+    "plan",
+    "verify",
 ]
 
 
@@ -101,6 +114,46 @@ def apply(
                 skip_null=skip_null,
                 column=_column_name(src),
                 progress=progress,
+            )
+    finally:
+        if isinstance(stitch, str | Path):
+            translator.close()
+
+
+def plan(
+    source: str,
+    stitch: str | Path | Translator,
+    *,
+    server: str | None = None,
+    inverse: bool = False,
+    skip_null: bool = False,
+    output_type: str = "vector",
+    check: bool = True,
+) -> PlanResult:
+    """What ``source`` holds and what migrating it with ``stitch`` costs
+    (:func:`lead.migrate.plan.run_plan`); problems are listed, not raised.
+
+    Raises
+    ------
+    StoreNotFoundError, StoreError
+        A missing or unreachable source.
+    StitchNotFoundError
+        No such stitch.
+    """
+    translator = (
+        stitch
+        if not isinstance(stitch, str | Path)
+        else make_translator(stitch, server=server, inverse=inverse)
+    )
+    try:
+        with open_source(source) as src:
+            return run_plan(
+                src,
+                translator,
+                skip_null=skip_null,
+                output_type=output_type,
+                check=check,
+                column=_column_name(src),
             )
     finally:
         if isinstance(stitch, str | Path):

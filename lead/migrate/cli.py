@@ -57,19 +57,17 @@ def _translator(args: argparse.Namespace) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from lead.migrate.plan import run_plan
-    from lead.migrate.registry import open_source
+    from lead import migrate
 
     translator = _translator(args)
     try:
-        with open_source(args.source) as source:
-            result = run_plan(
-                source,
-                translator,
-                skip_null=args.skip_null,
-                output_type=args.output_type,
-                check=not args.no_check,
-            )
+        result = migrate.plan(
+            args.source,
+            translator,
+            skip_null=args.skip_null,
+            output_type=args.output_type,
+            check=not args.no_check,
+        )
     finally:
         translator.close()
     _print(result.as_dict())
@@ -93,6 +91,8 @@ def _apply(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             partitions=args.partitions,
             address=args.ray_address,
+            num_gpus=args.num_gpus,
+            workers=args.workers,
             inverse=args.inverse,
             normalize=args.normalize,
             skip_null=args.skip_null,
@@ -335,6 +335,12 @@ def add_migrate_commands(commands: Any) -> None:
     )
     apply.add_argument("--ray-address", help="Ray cluster address (default: start Ray locally)")
     apply.add_argument("--partitions", type=int, help="--engine ray: number of partitions")
+    apply.add_argument("--workers", type=int, help="--engine ray: actors translating at once")
+    apply.add_argument(
+        "--num-gpus",
+        type=float,
+        help="--engine ray: GPUs per actor (the stitch then runs on CUDA in each actor)",
+    )
     apply.add_argument("--quiet", action="store_true", help="no progress bar")
     apply.set_defaults(handler=_apply)
 

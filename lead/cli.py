@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lead._options import parse_option_items
-from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -326,10 +324,9 @@ def _score_command(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from lead.artifacts import load_stitch
     from lead.data import EmbeddingReader, EmbeddingWriter
-    from lead.stitches import oriented
-    from lead.unit_input import expects_unit_input, normalize_input
+    from lead.migrate.translator import LocalTranslator
+    from lead.unit_input import expects_unit_input
 
     if Path(args.output).exists() and not args.force:
         raise ConflictError(
@@ -337,37 +334,32 @@ def _translate(args: argparse.Namespace) -> int:
             "another file",
             param="output",
         )
-    stitch = load_stitch(args.stitch, device=args.device)
-    run, d_in, d_out = oriented(stitch, inverse=args.inverse, name=str(args.stitch))
-    models = (stitch.info.source_model, stitch.info.target_model)
-    if args.inverse:
-        models = models[::-1]
+    # the same bytes as the service answers, whatever --batch-size (batch-invariant)
+    translator = LocalTranslator(args.stitch, inverse=args.inverse, device=args.device)
+    ref = translator.ref
     reader = EmbeddingReader(args.input)
-    if reader.shape[1] != d_in:
+    if reader.shape[1] != ref.d_in:
         raise ShapeMismatchError(
-            f"{args.input} has dimension {reader.shape[1]}, the stitch expects {d_in}",
-            expected=d_in,
+            f"{args.input} has dimension {reader.shape[1]}, the stitch expects {ref.d_in}",
+            expected=ref.d_in,
             got=reader.shape[1],
             param="input",
         )
     meta = {
         "stitch": str(args.stitch),
         "direction": "inverse" if args.inverse else "forward",
-        "source_model": models[0],
-        "target_model": models[1],
+        "source_model": ref.source_model,
+        "target_model": ref.target_model,
         "source_file": str(args.input),
     }
-    n, param = len(reader), next(stitch.parameters())
-    rescaled = 0
+    n, rescaled = len(reader), 0
     with (
-        EmbeddingWriter(args.output, n, d_out, metadata=meta) as writer,
+        EmbeddingWriter(args.output, n, ref.d_out, metadata=meta) as writer,
         tqdm(total=n, unit="vec", desc="translate", file=sys.stderr) as bar,
-        torch.inference_mode(),
     ):
         for start, rows in reader.iter_batches(args.batch_size):
-            x = torch.from_numpy(rows).to(device=param.device)
             try:
-                x, count = normalize_input(stitch, x, inverse=args.inverse)
+                out, count = translator.translate(rows)
             except ZeroVectorError as error:
                 row = start + error.row
                 raise ZeroVectorError(
@@ -376,18 +368,18 @@ def _translate(args: argparse.Namespace) -> int:
                     row=row,
                     param=f"input[{row}]",
                 ) from None
+            except NonFiniteOutputError:
+                raise NonFiniteOutputError(
+                    f"the stitch produced NaN or infinity near row {start}"
+                ) from None
             rescaled += count
-            # the same bytes as the service answers, whatever --batch-size
-            out = forward_batch_invariant(run, x.to(dtype=param.dtype))
-            if not bool(torch.isfinite(out).all()):
-                raise NonFiniteOutputError(f"the stitch produced NaN or infinity near row {start}")
-            writer.write(out.float().cpu().numpy())
+            writer.write(out)
             bar.update(len(rows))
     summary = {
         "output": str(args.output),
         "rows": n,
-        "dim": d_out,
-        "input_normalized": expects_unit_input(stitch, inverse=args.inverse),
+        "dim": ref.d_out,
+        "input_normalized": expects_unit_input(translator.stitch, inverse=args.inverse),
         "rescaled_inputs": rescaled,
     }
     print(json.dumps(summary))

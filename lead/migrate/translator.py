@@ -140,7 +140,17 @@ class LocalTranslator:
         self._param = next(self.stitch.parameters())
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        """Translate (m, d_in) float32 rows.
+        """Translate (m, d_in) float32 rows into (m, d_out) float32 (see :meth:`translate`)."""
+        return self.translate(rows)[0]
+
+    def translate(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Translate (m, d_in) rows; also say how many were rescaled to unit length.
+
+        Returns
+        -------
+        out : ndarray of shape (m, d_out), float32
+        rescaled : int
+            Input rows scaled to unit length first (a stitch fitted on unit-length vectors).
 
         Raises
         ------
@@ -152,13 +162,13 @@ class LocalTranslator:
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
             x = x.to(device=self._param.device)
-            x, _ = normalize_input(self.stitch, x, inverse=self.inverse)
+            x, rescaled = normalize_input(self.stitch, x, inverse=self.inverse)
             out = forward_batch_invariant(self._run, x.to(dtype=self._param.dtype))
             if self.normalize:
                 out = torch.nn.functional.normalize(out, dim=1)
             if not bool(torch.isfinite(out).all()):
                 raise NonFiniteOutputError("the stitch produced NaN or infinity")
-            return out.float().cpu().numpy()
+            return out.float().cpu().numpy(), rescaled
 
     def close(self) -> None:
         pass

@@ -103,7 +103,7 @@ def build_demo(uri: str, folder: Path, data: dict[str, Any], table: str = "docs"
     URIs and paths the walkthrough uses."""
     import psycopg
 
-    from lead.migrate.pgvector import _copy_rows
+    from lead.migrate.pgcopy import copy_rows
     from lead.migrate.stores import with_params
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,7 +115,7 @@ def build_demo(uri: str, folder: Path, data: dict[str, Any], table: str = "docs"
         with conn.cursor() as cursor:
             sql = f"COPY {table} (id, embedding) FROM STDIN (FORMAT BINARY)"
             with cursor.copy(sql) as copy:
-                copy.write(_copy_rows(ids, data["minilm"], ">f4", True))
+                copy.write(copy_rows(ids, data["minilm"], ">f4", True))
     write_parquet(folder / "mpnet_sample.parquet", data["native_ids"], data["native"])
     write_parquet(folder / "queries_mpnet.parquet", data["query_ids"], data["queries_mpnet"])
     write_parquet(folder / "queries_minilm.parquet", data["query_ids"], data["queries_minilm"])

@@ -5,7 +5,10 @@ Stores only promise :meth:`~lead.migrate.stores.Source.sample_ids` and
 optimistic: draw the sample from the store with the fewest rows and fetch it from the
 others; only when one of them lacks an id are the ids of every store listed and
 intersected (one pass over each). Ids are matched by their text (``str(id)``), so a store
-with integer ids pairs with one whose ids are the same numbers as text.
+with integer ids pairs with one whose ids are the same numbers as text. Excluded ids (those
+a stitch was fitted on, when verifying it) are never drawn: ``n + len(exclude)`` ids are
+drawn, the excluded ones dropped and ``n`` of the rest kept at random, a uniform sample of
+the ids that are not excluded.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class Paired:
     rows : list of int
         Rows in each store (NULL vectors included).
     common : int or None
-        Ids with a vector in every store, when they were counted (the slow path).
+        Ids with a vector in every store and not excluded, when they were counted (the slow
+        path).
     """
 
     ids: list[str]
@@ -83,9 +87,10 @@ def paired_sample(
     *,
     minimum: int,
     include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> Paired:
     """Up to ``n`` random ids with a vector in every store, plus the ``include`` ids found
-    in all of them, and their vectors.
+    in all of them, none of the ``exclude`` ids, and their vectors.
 
     Parameters
     ----------
@@ -101,6 +106,8 @@ def paired_sample(
         Fewest ids allowed in the sample.
     include : sequence of str
         Ids to add when every store holds them (the judged documents of a query set).
+    exclude : sequence of str
+        Ids never taken, neither drawn nor included (those a stitch was fitted on).
 
     Returns
     -------
@@ -109,18 +116,23 @@ def paired_sample(
     Raises
     ------
     TooFewPairsError
-        Fewer than ``minimum`` ids with a vector in every store; the message names the rows
-        of each store and the count in common.
+        Fewer than ``minimum`` ids with a vector in every store and not excluded; the
+        message names the rows of each store, the count in common and the count excluded.
     """
     order = sorted(range(len(stores)), key=lambda k: stores[k].info.rows)
     smallest = stores[order[0]]
     rows = [s.info.rows for s in stores]
-    drawn = _keys(smallest.sample_ids(n, seed))
+    skip = set(exclude)
+    include = [k for k in dict.fromkeys(include) if k not in skip]
+    drawn = [k for k in _keys(smallest.sample_ids(n + len(skip), seed)) if k not in skip]
+    if len(drawn) > n:  # at most len(skip) were dropped: keep n of the rest at random
+        pick = np.random.default_rng(seed).choice(len(drawn), size=n, replace=False)
+        drawn = [drawn[i] for i in np.sort(pick)]
     wanted = list(drawn)
     if include:
         present = set(_every_key(smallest, seed))
         seen = set(drawn)
-        wanted += [k for k in dict.fromkeys(include) if k in present and k not in seen]
+        wanted += [k for k in include if k in present and k not in seen]
     if len(wanted) >= minimum:
         vectors = _fetch_all(stores, wanted)
         if vectors is not None:
@@ -129,12 +141,16 @@ def paired_sample(
     shared = set(_every_key(stores[order[-1]], seed))
     for k in order[1:-1]:
         shared &= set(_every_key(stores[k], seed))
-    common = [k for k in _every_key(smallest, seed) if k in shared]
+    common = [k for k in _every_key(smallest, seed) if k in shared and k not in skip]
     if len(common) < minimum:
         counts = ", ".join(f"{name} {r} rows" for name, r in zip(names, rows, strict=True))
+        besides, hint = "", "check that the stores use the same ids"
+        if skip:
+            besides = f" besides the {len(skip)} excluded"
+            hint = "the stores need more ids in common than the excluded ones"
         raise TooFewPairsError(
-            f"only {len(common)} ids have a vector in every store ({counts}); at least "
-            f"{minimum} are needed: check that the stores use the same ids",
+            f"only {len(common)} ids{besides} have a vector in every store ({counts}); at "
+            f"least {minimum} are needed: {hint}",
             minimum=minimum,
             got=len(common),
             param=names[-1],

@@ -9,8 +9,9 @@ the source store's (:func:`~lead.migrate._pairs.paired_sample`), part of them is
 retrieval of the held-out documents against the bound,
 :func:`~lead.migrate.quality.retrieval_against_bound`). The thresholds of
 :mod:`lead.migrate.quality` decide go / no-go. The stitch is saved either way
-(:func:`lead.artifacts.save_stitch`), with the scorecard, the held-out ids and the decision
-in its ``config.json``, so a no-go can be inspected, refitted or overridden.
+(:func:`lead.artifacts.save_stitch`), with the scorecard, the held-out ids, the ids it was
+fitted on and the decision in its ``config.json``, so a no-go can be inspected, refitted or
+overridden, and ``verify`` can leave the fitted ids out (:func:`fitted_ids`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import numpy as np
 
 from lead._apply import apply_stitch
 from lead._options import MAX_SEED, check_float_option, check_int_option
-from lead.artifacts import CONFIG_FILE, save_stitch
-from lead.errors import ConflictError, InvalidInputError
+from lead.artifacts import CONFIG_FILE, read_stitch_config, save_stitch
+from lead.errors import ConflictError, InvalidInputError, StitchFormatError
 from lead.fitting import check_method_options, fit_stitch
 from lead.migrate._pairs import paired_sample
 from lead.migrate.quality import (
@@ -39,7 +40,7 @@ from lead.scorecard import CORE_METRICS, RetrievalData, score_stitch
 from lead.splits import MIN_SPLIT_SIDE, holdout_split
 from lead.stitches import StitchInfo
 
-__all__ = ["CalibrateResult", "min_pairs", "run_calibrate"]
+__all__ = ["CalibrateResult", "fitted_ids", "min_pairs", "run_calibrate"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ def run_calibrate(
         uris = {"source": src.info.uri, "native": nat.info.uri}
     X, Y = paired.vectors
     train, test = holdout_split(len(paired.ids), holdout, seed)
+    train_ids = [paired.ids[i] for i in train]
     test_ids = [paired.ids[i] for i in test]
     info = StitchInfo(
         source_model=source_model or StitchInfo.source_model,
@@ -238,6 +240,45 @@ def run_calibrate(
         "decision": "go" if passed else "no-go",
         "checks": [c.as_dict() for c in checks],
         "retrieval": retrieval,
+        "fitted_ids": train_ids,
     }
     save_stitch(stitch, out, overwrite=force)
     return CalibrateResult(passed, out, checks, scorecard, retrieval, dict(stitch.info.fit))
+
+
+def fitted_ids(stitch_folder: str | Path) -> list[str]:
+    """The ids a stitch made by :func:`run_calibrate` was fitted on, to leave out of verify.
+
+    Parameters
+    ----------
+    stitch_folder : str or Path
+        A local stitch folder.
+
+    Returns
+    -------
+    list of str
+        The ids, as text, recorded in ``config.json`` (``fit.calibration.fitted_ids``);
+        empty for a stitch that ``calibrate`` did not make (``lead fit``, the bundled ones),
+        whose training pairs are not ids of a store.
+
+    Raises
+    ------
+    StitchNotFoundError
+        No folder at ``stitch_folder``.
+    StitchFormatError
+        A ``config.json`` that is missing or malformed, or a calibration record without a
+        list of fitted ids.
+    """
+    config = read_stitch_config(stitch_folder)
+    fit = config.get("fit")
+    calibration = fit.get("calibration") if isinstance(fit, dict) else None
+    if calibration is None:
+        return []
+    ids = calibration.get("fitted_ids") if isinstance(calibration, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise StitchFormatError(
+            f"{Path(stitch_folder) / CONFIG_FILE} has a calibration record without a list of "
+            "fitted_ids (text): calibrate the stitch again to record them",
+            param="stitch",
+        )
+    return list(ids)

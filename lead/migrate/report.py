@@ -137,7 +137,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"- native: `{report['native']}`",
         *([f"- source: `{report['source']}`"] if report.get("source") else []),
         f"- sample: {sample['pairs']} ids (seed {sample['seed']}), {sample['judged']} of them "
-        "judged documents",
+        f"judged documents; {sample['excluded']} excluded ids never sampled",
         "",
         "## Checks",
         "",

@@ -10,6 +10,11 @@ graded against the bound, the weaker of source-native and target-native retrieva
 (:func:`~lead.migrate.quality.retrieval_against_bound`); the judged documents found in
 every store join the sample so that each query has its relevant documents to find.
 
+Native vectors of the ids the stitch was fitted on flatter every figure, so ``exclude_ids``
+(for a stitch made by ``calibrate``, :func:`~lead.migrate.calibrate.fitted_ids`) are never
+sampled, neither drawn nor joined as judged documents: every figure, retrieval included,
+is then measured on documents the stitch has not seen.
+
 The thresholds and their defaults are those of :mod:`lead.migrate.quality`. The report
 goes to ``report.json``, ``report.md`` and ``cosine.png`` in ``report_dir`` (and JUnit XML
 when asked), each written atomically; a failed check makes ``passed`` false and
@@ -18,6 +23,7 @@ when asked), each written atomically; a failed check makes ``passed`` false and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +34,7 @@ import numpy as np
 from lead._metric_inputs import MIN_PAIRS, _pair, _unit_rows
 from lead._options import MAX_SEED, check_int_option
 from lead._version import __version__
-from lead.errors import ShapeMismatchError
+from lead.errors import InvalidInputError, ShapeMismatchError
 from lead.migrate._pairs import paired_sample
 from lead.migrate.quality import (
     Check,
@@ -119,6 +125,7 @@ def run_verify(
     thresholds: dict[str, Any] | None = None,
     report_dir: str | Path,
     junit: str | Path | None = None,
+    exclude_ids: Sequence[str] | None = None,
 ) -> VerifyResult:
     """Sample ids, compare translated with native vectors, check thresholds, write a report.
 
@@ -144,6 +151,10 @@ def run_verify(
         Created if needed; receives ``report.json``, ``report.md`` and ``cosine.png``.
     junit : str or Path, optional
         Also write JUnit XML here: one testcase per check.
+    exclude_ids : sequence of str, optional
+        Ids never sampled, matched by their text: those the stitch was fitted on
+        (:func:`~lead.migrate.calibrate.fitted_ids`). Judged documents among them do not
+        join the sample either, so retrieval is over unseen documents only.
 
     Returns
     -------
@@ -153,9 +164,11 @@ def run_verify(
     Raises
     ------
     InvalidInputError
-        Bad thresholds, ``sample`` or ``seed``; no judged query among the sampled documents.
+        Bad thresholds, ``sample``, ``seed`` or ``exclude_ids`` (a single string); no judged
+        query among the sampled documents.
     TooFewPairsError
-        Fewer than 4 ids with a vector in every store (naming their row counts).
+        Fewer than 4 ids with a vector in every store and not excluded (naming their row
+        counts).
     ShapeMismatchError
         Translated and native vectors (or queries and documents) of different dimensions.
     StoreNotFoundError, StoreError
@@ -169,9 +182,11 @@ def run_verify(
     [1]_ (:func:`lead.retrieval.retrieval_scores`) over the sampled documents only.
 
     Native vectors of the ids the stitch was fitted on flatter every figure (a calibrated
-    ridge on 240 SciFact pairs: cosine 0.90 on its training ids, 0.70 on held-out ones).
-    Verify on other ids where possible; ``calibrate`` records its held-out ids in the
-    stitch's ``config.json`` (``fit.holdout.ids``).
+    ridge on 240 SciFact pairs: cosine 0.90 on its training ids, 0.70 on held-out ones):
+    pass them as ``exclude_ids``. ``calibrate`` records them in the stitch's
+    ``config.json`` (``fit.calibration.fitted_ids``, read by
+    :func:`~lead.migrate.calibrate.fitted_ids`), next to its held-out ids
+    (``fit.holdout.ids``).
 
     References
     ----------
@@ -180,6 +195,11 @@ def run_verify(
     limits, given = check_thresholds(thresholds)
     sample = check_int_option(sample, "sample", minimum=MIN_PAIRS)
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
+    if isinstance(exclude_ids, str | bytes):
+        raise InvalidInputError(
+            "exclude_ids must be a list of ids, not a single string", param="exclude_ids"
+        )
+    excluded = list(dict.fromkeys(str(i) for i in exclude_ids or ()))
     use_source = source is not None and queries is not None and queries.source_queries is not None
     with ExitStack() as stack:
         stores = [
@@ -200,7 +220,9 @@ def run_verify(
             stores.append(stack.enter_context(open_source(source)))
             names.append("source")
         include = queries.judged_ids() if queries is not None else []
-        paired = paired_sample(stores, names, sample, seed, minimum=MIN_PAIRS, include=include)
+        paired = paired_sample(
+            stores, names, sample, seed, minimum=MIN_PAIRS, include=include, exclude=excluded
+        )
         uris = [s.info.uri for s in stores]
     translated, native_vectors = paired.vectors[0], paired.vectors[1]
     scores, baseline, cosine, cosines = _figures(paired.ids, native_vectors, translated)
@@ -234,6 +256,7 @@ def run_verify(
             "seed": seed,
             "pairs": len(paired.ids),
             "judged": sum(i in judged for i in paired.ids),
+            "excluded": len(excluded),
             "rows": dict(zip(names, paired.rows, strict=True)),
             "common": paired.common,
         },

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lead.artifacts import load_stitch
-from lead.errors import ConflictError, InvalidInputError, TooFewPairsError
-from lead.migrate.calibrate import min_pairs, run_calibrate
+from lead.errors import ConflictError, InvalidInputError, StitchFormatError, TooFewPairsError
+from lead.migrate.calibrate import fitted_ids, min_pairs, run_calibrate
 from lead.migrate.quality import check_thresholds
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
 from tests.migrate.conftest import make_table
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,10 @@ def test_real_pairs_give_go_and_a_saved_stitch(minilm_table, scifact_small, tmp_
     )
     held_out = fit["holdout"]["ids"]
     assert len(held_out) == 60 and set(held_out) <= {str(i) for i in ids}
+    fitted = fitted_ids(tmp_path / "stitch")  # the training part: what verify leaves out
+    assert fitted == fit["calibration"]["fitted_ids"] == result.fit["calibration"]["fitted_ids"]
+    assert len(fitted) == 240 and not set(fitted) & set(held_out)
+    assert set(fitted) | set(held_out) == {str(i) for i in ids}
     assert fit["calibration"]["decision"] == "go" and fit["method"] == "ridge"
     assert config["scorecard"]["r2_score"] == card["r2_score"]
     assert config["source"]["model"] == "all-MiniLM-L6-v2"
@@ -147,3 +155,19 @@ def test_given_thresholds_replace_the_defaults(minilm_table, scifact_small, tmp_
     assert checks["min_top1"].origin == "given" and not checks["min_top1"].passed
     assert checks["min_mean_cosine"].threshold == 0.2 and checks["min_mean_cosine"].passed
     assert not result.passed and result.fit["method"] == "procrustes"
+
+
+def test_fitted_ids_of_other_stitches(minilm_table, scifact_small, tmp_path):
+    assert fitted_ids(MODELS / "minilm-to-mpnet") == []  # bundled: fitted by ``lead fit``
+    rows = NATIVE_ROWS[:40]
+    native = write_parquet(
+        tmp_path / "n.parquet", doc_ids(scifact_small)[rows], scifact_small.corpus["mpnet"][rows]
+    )
+    run_calibrate(minilm_table, native, tmp_path / "stitch", thresholds={"min_top1": None})
+    assert len(fitted_ids(tmp_path / "stitch")) == 32
+    shutil.copytree(tmp_path / "stitch", tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["fit"]["calibration"]["fitted_ids"]  # a calibration record without them
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StitchFormatError, match="calibrate the stitch again"):
+        fitted_ids(tmp_path / "old")

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from lead import migrate
-from lead.errors import ShapeMismatchError, TooFewPairsError
-from lead.migrate.calibrate import run_calibrate
+from lead.artifacts import read_stitch_config
+from lead.errors import InvalidInputError, ShapeMismatchError, TooFewPairsError
+from lead.migrate._pairs import paired_sample
+from lead.migrate.calibrate import fitted_ids, run_calibrate
+from lead.migrate.registry import open_source
 from lead.migrate.stores import with_params
 from lead.migrate.verify import run_verify
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
@@ -34,10 +37,17 @@ def migrated(pg_uri, scifact_small, tmp_path_factory) -> dict[str, str]:
     target = with_params(pg_uri, table="ver_mpnet", column="emb")
     migrate.apply(source, target, str(folder / "stitch"), progress=False)
     wrong_ids = np.random.default_rng(1).permutation(ids[NATIVE_ROWS])
+    extra = np.arange(50, dtype=np.int64) + 10**12  # ids the target does not hold
     return {
+        "stitch": str(folder / "stitch"),
         "source": source,
         "target": target,
         "native": native,
+        "more": write_parquet(
+            folder / "more.parquet",
+            np.concatenate([ids[NATIVE_ROWS], extra]),
+            np.concatenate([mpnet, mpnet[:50]]),
+        ),
         "wrong": write_parquet(folder / "wrong.parquet", wrong_ids, mpnet),
         "minilm": write_parquet(folder / "minilm.parquet", ids, scifact_small.corpus["minilm"]),
     }
@@ -131,3 +141,55 @@ def test_wrong_dimension_and_disjoint_ids_are_errors(migrated, scifact_small, tm
     with pytest.raises(TooFewPairsError, match="only 0 ids"):
         run_verify(migrated["target"], others, report_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_fitted_ids_are_never_sampled_and_the_figures_drop(migrated, scifact_small, tmp_path):
+    fitted = fitted_ids(migrated["stitch"])
+    held_out = read_stitch_config(migrated["stitch"])["fit"]["holdout"]["ids"]
+    assert len(fitted) == 240 and len(held_out) == 60 and not set(fitted) & set(held_out)
+    common = {
+        "target": migrated["target"],
+        "native": migrated["native"],
+        "source": migrated["source"],
+        "queries": queries(scifact_small),
+    }
+    honest = run_verify(**common, exclude_ids=fitted, report_dir=tmp_path / "honest")
+    flattered = run_verify(**common, report_dir=tmp_path / "flattered")
+    # 300 native ids less the 240 fitted: the held-out ones, judged documents included
+    assert honest.report["sample"]["pairs"] == 60 and honest.report["sample"]["excluded"] == 240
+    assert {w["id"] for w in honest.report["cosine"]["worst"]} <= set(held_out)
+    assert flattered.report["sample"]["pairs"] == 300
+    assert flattered.report["sample"]["excluded"] == 0
+    cosine = honest.report["scores"]["mean_cosine_similarity"]
+    assert cosine < flattered.report["scores"]["mean_cosine_similarity"]
+    assert honest.report["retrieval"]["queries"] > 0
+    assert "240 excluded ids" in (tmp_path / "honest" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("native", "n"), [("native", 1000), ("native", 30), ("more", 1000)])
+def test_paired_sample_draws_only_ids_not_excluded(migrated, scifact_small, native, n):
+    fitted = fitted_ids(migrated["stitch"])
+    held_out = set(read_stitch_config(migrated["stitch"])["fit"]["holdout"]["ids"])
+    judged = queries(scifact_small).judged_ids()
+    assert set(judged) & set(fitted)  # judged documents that must not join the sample
+    with open_source(migrated["target"]) as tgt, open_source(migrated[native]) as nat:
+        paired = paired_sample(
+            [tgt, nat], ["target", "native"], n, 0, minimum=4, include=judged, exclude=fitted
+        )
+    if n < len(held_out):  # a random n of the 60, plus the judged ones among the 60
+        assert n <= len(paired.ids) < len(held_out) and set(paired.ids) <= held_out
+    else:  # every id in both stores but the fitted ones ("more": counted on the slow path)
+        assert sorted(paired.ids) == sorted(held_out)
+        assert paired.common == (60 if native == "more" else None)
+
+
+def test_excluding_every_native_id_is_too_few_pairs(migrated, scifact_small, tmp_path):
+    every = [str(i) for i in doc_ids(scifact_small)[NATIVE_ROWS]]
+    with pytest.raises(TooFewPairsError, match="only 0 ids besides the 300 excluded") as e:
+        run_verify(
+            migrated["target"], migrated["native"], exclude_ids=every, report_dir=tmp_path / "r"
+        )
+    assert e.value.got == 0 and e.value.minimum == 4
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(InvalidInputError, match="not a single string"):
+        run_verify(migrated["target"], migrated["native"], exclude_ids="17", report_dir=tmp_path)

@@ -240,8 +240,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from lead.migrate.calibrate import fitted_ids
     from lead.migrate.verify import run_verify
 
+    excluded = fitted_ids(args.stitch) if args.stitch else None
     result = run_verify(
         args.target,
         args.native,
@@ -252,6 +254,7 @@ def _verify(args: argparse.Namespace) -> int:
         thresholds=_thresholds(args),
         report_dir=args.report,
         junit=args.junit,
+        exclude_ids=excluded,
     )
     _print(result.as_dict())
     return int(result.exit_code)
@@ -353,6 +356,12 @@ def add_migrate_commands(commands: Any) -> None:
     verify.add_argument("target", metavar="TARGET_URI", help="the translated store")
     verify.add_argument(
         "--native", required=True, metavar="URI", help="the new model's vectors for some ids"
+    )
+    verify.add_argument(
+        "--stitch",
+        metavar="FOLDER",
+        help="the stitch made by calibrate: the ids it was fitted on are left out of the "
+        "sample, so the figures are held-out ones",
     )
     verify.add_argument("--report", default="lead-verify", metavar="DIR", help="report folder")
     verify.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")

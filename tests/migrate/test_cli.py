@@ -90,6 +90,8 @@ def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys)
         demo["target"],
         "--native",
         demo["native"],
+        "--stitch",
+        stitch,
         *retrieval,
         "--report",
         str(report),
@@ -97,7 +99,9 @@ def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys)
         str(junit),
     )
     assert code == 0 and verified["passed"]
-    assert json.loads((report / "report.json").read_text())["passed"] is True
+    written = json.loads((report / "report.json").read_text())
+    assert written["passed"] is True
+    assert written["sample"]["excluded"] == calibrated["scorecard"]["pairs"] * 4  # 80 % fitted
     assert "PASSED" in (report / "report.md").read_text()
     assert ET.parse(junit).getroot().find(".//failure") is None
     # a gate the migration cannot meet: exit status 1 and a JUnit failure

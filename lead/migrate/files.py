@@ -44,6 +44,7 @@ from lead.migrate.stores import (
     Progress,
     SourceInfo,
     StoreURI,
+    check_same_migration,
     require,
     with_params,
 )
@@ -431,14 +432,7 @@ class ParquetTarget(Closing):
             raise ConflictError(f"{self.path} exists and is not a folder", param="target")
         if manifest.is_file():
             have = json.loads(manifest.read_text())
-            differ = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-            if differ:
-                key = differ[0]
-                raise ConflictError(
-                    f"{self.path} holds another migration ({key}: {have.get(key)!r}, this "
-                    f"run: {want.get(key)!r}); choose a new target",
-                    param="target",
-                )
+            check_same_migration(str(self.path), want, have)
             # a partitioned run's workers open the folder while others write their parts
             progress = self._progress(clean=not partitioned)
             if not partitioned and not progress.done and (self.path / PARTITIONS).is_file():

@@ -40,6 +40,7 @@ from lead.migrate.stores import (
     Progress,
     SourceInfo,
     StoreURI,
+    check_same_migration,
     require,
     with_params,
 )
@@ -472,15 +473,7 @@ class PgVectorTarget(Closing):
         found = self._checkpoint()
         if found is not None:
             have, progress = found
-            keys = (set(want) | set(have)) - {"new_table"}
-            differ = sorted(k for k in keys if want.get(k) != have.get(k))
-            if differ:
-                key = differ[0]
-                raise ConflictError(
-                    f"{self.uri} holds another migration ({key}: {have.get(key)!r}, this "
-                    f"run: {want.get(key)!r}); choose a new target, or drop it first",
-                    param="target",
-                )
+            check_same_migration(self.uri, want, have, ignore=("new_table",))
             self.new_table = bool(have.get("new_table", True))
             self._check_target_column()
             if not partitioned and not progress.done and self._partitioned():

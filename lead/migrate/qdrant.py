@@ -61,7 +61,15 @@ from lead.migrate._qdrant import (
     point_key,
     vector_of,
 )
-from lead.migrate.stores import Batch, MigrationSpec, Progress, SourceInfo, StoreURI, with_params
+from lead.migrate.stores import (
+    Batch,
+    MigrationSpec,
+    Progress,
+    SourceInfo,
+    StoreURI,
+    check_same_migration,
+    with_params,
+)
 
 __all__ = ["LEAD_NAMESPACE", "QdrantSource", "QdrantTarget"]
 
@@ -290,15 +298,7 @@ class QdrantTarget(Collection):
         entry = None if config is None else (config.metadata or {}).get(self.key)
         if entry is not None:
             have = dict(entry.get("spec") or {})
-            keys = (set(want) | set(have)) - {"new_collection"}
-            differ = sorted(k for k in keys if want.get(k) != have.get(k))
-            if differ:
-                key = differ[0]
-                raise ConflictError(
-                    f"{self.uri} holds another migration ({key}: {have.get(key)!r}, this "
-                    f"run: {want.get(key)!r}); choose a new target, or delete it first",
-                    param="target",
-                )
+            check_same_migration(self.uri, want, have, ignore=("new_collection",))
             self.spec, self.new_collection = have, bool(have.get("new_collection", True))
             progress = Progress(
                 entry.get("position"), int(entry.get("rows_written", 0)), bool(entry.get("done"))

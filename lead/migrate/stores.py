@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from lead.errors import InvalidInputError
+from lead.errors import ConflictError, InvalidInputError
 
 __all__ = [
     "LEAD_PARAMS",
@@ -43,6 +43,7 @@ __all__ = [
     "SourceInfo",
     "StoreURI",
     "Target",
+    "check_same_migration",
     "parse_store_uri",
     "with_params",
 ]
@@ -239,6 +240,37 @@ class MigrationSpec:
             "normalize": self.normalize,
             **self.extra,
         }
+
+
+def check_same_migration(
+    where: str, want: dict[str, Any], have: dict[str, Any], *, ignore: tuple[str, ...] = ()
+) -> None:
+    """Refuse to resume a target that holds another migration.
+
+    Parameters
+    ----------
+    where : str
+        The target, as error messages name it.
+    want, have : dict
+        This run's :meth:`MigrationSpec.as_dict` (plus the target's own settings) and the
+        one recorded in the target.
+    ignore : tuple of str
+        Recorded keys that are the target's own bookkeeping.
+
+    Raises
+    ------
+    ConflictError
+        Naming the first setting that differs, with both values.
+    """
+    keys = (set(want) | set(have)) - set(ignore)
+    differ = sorted(k for k in keys if want.get(k) != have.get(k))
+    if differ:
+        key = differ[0]
+        raise ConflictError(
+            f"{where} holds another migration ({key}: {have.get(key)!r}, this run: "
+            f"{want.get(key)!r}); choose a new target, or remove this one first",
+            param="target",
+        )
 
 
 @dataclass(frozen=True)

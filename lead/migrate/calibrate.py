@@ -12,10 +12,14 @@ retrieval of the held-out documents against the bound,
 (:func:`lead.artifacts.save_stitch`), with the scorecard, the held-out ids, the ids it was
 fitted on and the decision in its ``config.json``, so a no-go can be inspected, refitted or
 overridden, and ``verify`` can leave the fitted ids out (:func:`fitted_ids`).
+
+Without such vectors, LEAD can embed a random sample of the store's texts with the new
+model itself (``embed_model``, :mod:`lead.migrate.embed`); the fit record then says so.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from lead.artifacts import CONFIG_FILE, read_stitch_config, save_stitch
 from lead.errors import ConflictError, InvalidInputError, StitchFormatError
 from lead.fitting import check_method_options, fit_stitch
 from lead.migrate._pairs import paired_sample
+from lead.migrate.embed import check_embed_args, embedded_pairs
 from lead.migrate.quality import (
     Check,
     RetrievalQueries,
@@ -111,7 +116,7 @@ def _check_out(out: Path, force: bool) -> None:
 
 def run_calibrate(
     source: str,
-    native: str,
+    native: str | None,
     out: str | Path,
     *,
     method: str = "ridge",
@@ -124,6 +129,11 @@ def run_calibrate(
     queries: RetrievalQueries | None = None,
     thresholds: dict[str, Any] | None = None,
     force: bool = False,
+    embed_model: str | None = None,
+    text_column: str = "text",
+    save_native: str | Path | None = None,
+    embed_device: str | None = None,
+    progress: bool = True,
 ) -> CalibrateResult:
     """Pair a sample of ids, fit a stitch on part of it, score the rest, decide, save.
 
@@ -131,8 +141,9 @@ def run_calibrate(
     ----------
     source : str
         The store to migrate (its vectors are the stitch's inputs).
-    native : str
-        A store of the new model's vectors for some of the same ids.
+    native : str or None
+        A store of the new model's vectors for some of the same ids; None with
+        ``embed_model``.
     out : str or Path
         The stitch folder to write.
     method : str, default "ridge"
@@ -145,13 +156,27 @@ def run_calibrate(
     seed : int, default 0
         Seed of the sample, the split and the fit.
     source_model, target_model : str, optional
-        Model ids recorded in the stitch.
+        Model ids recorded in the stitch (``target_model`` defaults to ``embed_model``).
     queries : RetrievalQueries, optional
         Queries and judgments: retrieval of the held-out documents against the bound.
     thresholds : dict, optional
         Over the defaults of :mod:`lead.migrate.quality` (None: not checked).
     force : bool, default False
-        Replace a stitch already in ``out``.
+        Replace a stitch already in ``out`` (and a ``save_native`` file).
+    embed_model : str, optional
+        Instead of ``native``: a sentence-transformers model (a folder, or a Hub id in the
+        local cache; never downloaded) that embeds the texts of ``sample`` random ids of
+        the source (:func:`lead.migrate.embed.embedded_pairs`); the fit record's
+        ``data.embedded`` names the model, the text column and the count.
+    text_column : str, default "text"
+        Where the source holds the texts (:meth:`lead.migrate.stores.Source.texts`).
+    save_native : str or Path, optional
+        Keep the embedded sample as a Parquet file (``id``, ``embedding``): a native store
+        for ``verify``.
+    embed_device : str, optional
+        Where the model runs (None: a GPU when there is one).
+    progress : bool, default True
+        The embedding's progress bar on stderr.
 
     Returns
     -------
@@ -162,9 +187,13 @@ def run_calibrate(
     ------
     InvalidInputError
         A bad method, option, threshold, ``sample``, ``holdout`` or ``seed``; ``out`` not a
-        stitch folder; no query with a judged held-out document.
+        stitch folder; no query with a judged held-out document; both or neither of
+        ``native`` and ``embed_model``; sentence-transformers not installed (``pip install
+        'lead-stitch[embed]'``), a model it cannot load, a text that is NULL or a source
+        without text.
     ConflictError
-        ``out`` is not empty and ``force`` is false (checked before any work).
+        ``out`` (or ``save_native``) is not empty and ``force`` is false (checked before any
+        work).
     TooFewPairsError
         Fewer ids in both stores than the split needs, naming the rows of each store and
         the count in common.
@@ -182,11 +211,31 @@ def run_calibrate(
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
     out = Path(out)
     _check_out(out, force)
+    saved = check_embed_args(native, embed_model, text_column, save_native, force)
     include = queries.judged_ids() if queries is not None else []
-    with open_source(source) as src, open_source(native) as nat:
-        names = ["source", "native"]
-        paired = paired_sample([src, nat], names, sample, seed, minimum=fewest, include=include)
-        uris = {"source": src.info.uri, "native": nat.info.uri}
+    names = ["source", "native"]
+    with ExitStack() as stack:
+        src = stack.enter_context(open_source(source))
+        if native is not None:
+            nat = stack.enter_context(open_source(native))
+            paired = paired_sample([src, nat], names, sample, seed, minimum=fewest, include=include)
+            uris: dict[str, Any] = {"source": src.info.uri, "native": nat.info.uri}
+        else:
+            assert embed_model is not None
+            paired, record = embedded_pairs(
+                src,
+                embed_model,
+                text_column,
+                sample,
+                seed,
+                minimum=fewest,
+                include=include,
+                device=embed_device,
+                progress=progress,
+                save=saved,
+            )
+            uris = {"source": src.info.uri, "native": record["saved"], "embedded": record}
+            target_model = target_model or embed_model
     X, Y = paired.vectors
     train, test = holdout_split(len(paired.ids), holdout, seed)
     train_ids = [paired.ids[i] for i in train]

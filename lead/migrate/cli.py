@@ -220,6 +220,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     from lead._options import parse_option_items
     from lead.migrate.calibrate import run_calibrate
 
+    if (args.native is None) == (args.embed is None):
+        raise InvalidInputError(
+            "give NATIVE_URI (the new model's vectors) or --embed MODEL (embed the source's "
+            "texts with the new model), not both"
+            if args.native is not None
+            else "give NATIVE_URI (the new model's vectors for some ids), or --embed MODEL to "
+            "embed a sample of the source's texts with the new model",
+            param="native",
+        )
+    if args.embed is None and (args.text_column is not None or args.save_native is not None):
+        raise InvalidInputError("--text-column and --save-native go with --embed", param="embed")
     result = run_calibrate(
         args.source,
         args.native,
@@ -234,6 +245,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         queries=_queries(args),
         thresholds=_thresholds(args),
         force=args.force,
+        embed_model=args.embed,
+        text_column=args.text_column or "text",
+        save_native=args.save_native,
     )
     _print(result.as_dict())
     return 0 if result.passed else 1
@@ -296,7 +310,29 @@ def add_migrate_commands(commands: Any) -> None:
     )
     calibrate.add_argument("source", metavar="SOURCE_URI")
     calibrate.add_argument(
-        "native", metavar="NATIVE_URI", help="the new model's vectors for some of the ids"
+        "native",
+        metavar="NATIVE_URI",
+        nargs="?",
+        help="the new model's vectors for some of the ids (or use --embed)",
+    )
+    calibrate.add_argument(
+        "--embed",
+        metavar="MODEL",
+        help="instead of NATIVE_URI: embed the texts of --sample random ids of the source "
+        "with this sentence-transformers model (a folder, or a Hub id in the local cache; "
+        "never downloaded); needs pip install 'lead-stitch[embed]'",
+    )
+    calibrate.add_argument(
+        "--text-column",
+        metavar="NAME",
+        help="--embed: the column (Parquet, PostgreSQL) or payload field (Qdrant) holding "
+        "each row's text (default: text)",
+    )
+    calibrate.add_argument(
+        "--save-native",
+        metavar="FILE",
+        help="--embed: keep the embedded sample as a Parquet file (id, embedding), a "
+        "--native store for verify",
     )
     calibrate.add_argument(
         "--stitch", required=True, metavar="FOLDER", help="where the fitted stitch is saved"

@@ -45,6 +45,7 @@ from lead.migrate.stores import (
     SourceInfo,
     StoreURI,
     check_same_migration,
+    ordered_texts,
     require,
     with_params,
 )
@@ -132,6 +133,20 @@ class ArraySource(Closing):
         rng = np.random.default_rng(seed)
         count = min(int(n), len(self.reader))
         return np.sort(rng.choice(len(self.reader), size=count, replace=False)).astype(np.int64)
+
+    def texts(self, ids: np.ndarray, column: str) -> list[str]:
+        """A matrix holds no text.
+
+        Raises
+        ------
+        InvalidInputError
+            Always.
+        """
+        raise InvalidInputError(
+            f"{self.info.uri} holds vectors only, no text to embed; give a store with a text "
+            "column (Parquet, PostgreSQL, Qdrant), or the new model's vectors as NATIVE_URI",
+            param="source",
+        )
 
 
 def _parquet_files(path: Path) -> list[Path]:
@@ -377,6 +392,42 @@ class ParquetSource(Closing):
         rng = np.random.default_rng(seed)
         pick = rng.choice(len(pool), size=min(int(n), len(pool)), replace=False)
         return pool[np.sort(pick)]
+
+    def texts(self, ids: np.ndarray, column: str) -> list[str]:
+        """The string column ``column`` of these ids, in that order (reads the id and text
+        columns of every row group once).
+
+        Raises
+        ------
+        StoreNotFoundError
+            A file without ``column``.
+        InvalidInputError
+            ``column`` is not a string column; an id not in the files, or whose text is
+            NULL, naming it.
+        """
+        pa = require("pyarrow", "arrow")
+        for file, meta in zip(self.files, self._meta, strict=True):
+            schema = meta.schema_arrow
+            if column not in schema.names:
+                raise StoreNotFoundError(f"{file} has no column {column!r}", param="text_column")
+            kind = schema.field(column).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                raise InvalidInputError(
+                    f"column {column!r} of {file} is {kind}, not a string column",
+                    param="text_column",
+                )
+        wanted = set(np.asarray(ids).tolist())
+        found: dict[Any, Any] = {}
+        columns = [column] + ([self.id_column] if self.id_column else [])
+        offset = 0
+        for meta in self._meta:
+            for g in range(meta.metadata.num_row_groups):
+                table = meta.read_row_group(g, columns=columns)
+                keys = self._ids(table, offset).tolist()
+                values = table.column(column).to_pylist()
+                found.update((k, v) for k, v in zip(keys, values, strict=True) if k in wanted)
+                offset += table.num_rows
+        return ordered_texts(ids, found, str(self.path), column)
 
 
 def _fsync_dir(path: Path) -> None:

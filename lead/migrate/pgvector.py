@@ -41,6 +41,7 @@ from lead.migrate.stores import (
     SourceInfo,
     StoreURI,
     check_same_migration,
+    ordered_texts,
     require,
     with_params,
 )
@@ -49,6 +50,7 @@ __all__ = ["PgVectorSource", "PgVectorTarget"]
 
 _INT_IDS = {"int8": ">i8", "int4": ">i4", "int2": ">i2"}
 _TEXT_IDS = {"text", "varchar", "bpchar", "uuid", "name"}
+_TEXTS = {"text", "varchar", "bpchar"}
 _VALUE = {"vector": ">f4", "halfvec": ">f2"}
 CHECKPOINTS = "lead_migrations"
 #: the partition plan and done-markers of runs that fill a target in partitions (``--engine ray``)
@@ -352,6 +354,41 @@ class PgVectorSource(Closing):
         )
         values = [row[0] for row in self.conn.execute(query).fetchall()]
         return np.asarray(values, dtype=np.int64 if self.info.id_kind == "int" else object)
+
+    def texts(self, ids: np.ndarray, column: str) -> list[str]:
+        """The text column ``column`` of the same table for these ids, in that order (one
+        query).
+
+        Raises
+        ------
+        StoreNotFoundError
+            The table has no column ``column``.
+        InvalidInputError
+            ``column`` is not ``text`` / ``varchar`` / ``char``; an id not in the table, or
+            whose text is NULL, naming it.
+        """
+        from psycopg import sql
+
+        kind = _column_type(self.conn, self.schema, self.table, column)
+        if kind is None:
+            raise StoreNotFoundError(
+                f"{self.parsed.uri}: table {self.table!r} has no column {column!r}",
+                param="text_column",
+            )
+        if kind[0] not in _TEXTS:
+            raise InvalidInputError(
+                f"column {self.table}.{column} is {kind[0]}, not text", param="text_column"
+            )
+        int_ids = self.info.id_kind == "int"
+        keys = [int(i) for i in ids] if int_ids else [str(i) for i in ids]
+        query = sql.SQL("SELECT {ident}, {text} FROM {tbl} WHERE {ident} = ANY({keys})").format(
+            ident=self._ident_sql(),
+            text=_ident(column),
+            tbl=self._tbl,
+            keys=sql.Literal(keys),
+        )
+        found = dict(self.conn.execute(query).fetchall())
+        return ordered_texts(np.asarray(keys, dtype=object), found, self.table, column)
 
     def close(self) -> None:
         self.conn.close()

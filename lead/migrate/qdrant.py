@@ -68,6 +68,7 @@ from lead.migrate.stores import (
     SourceInfo,
     StoreURI,
     check_same_migration,
+    ordered_texts,
     with_params,
 )
 
@@ -238,6 +239,41 @@ class QdrantSource(Collection):
         out = np.empty(len(pick), dtype=object)
         out[:] = [str(keys[i]) for i in pick]
         return out
+
+    def texts(self, ids: np.ndarray, column: str) -> list[str]:
+        """The payload field ``column`` of the points ``ids``, in that order.
+
+        Raises
+        ------
+        StoreNotFoundError
+            None of the points holds the payload field ``column``.
+        InvalidInputError
+            An id that is not a point of the collection, or whose point lacks the field
+            (or holds something else than text), naming it.
+        """
+        ids = np.asarray(ids)
+        keys = [point_key(k)[0] for k in ids.tolist()]
+        payloads: dict[Any, dict[str, Any]] = {}
+        for start in range(0, len(keys), 1024):
+            records = self._payload_page(keys[start : start + 1024], column)
+            payloads.update((r.id, r.payload or {}) for r in records)
+        if payloads and not any(column in p for p in payloads.values()):
+            raise StoreNotFoundError(
+                f"{self.info.uri}: no point of collection {self.collection!r} has the payload "
+                f"field {column!r}",
+                param="text_column",
+            )
+        found = {
+            k: payloads[p].get(column)
+            for k, p in zip(ids.tolist(), keys, strict=True)
+            if p in payloads
+        }
+        return ordered_texts(ids, found, self.info.uri, column)
+
+    def _payload_page(self, keys: list[Any], field: str) -> list[Any]:
+        return self.call(
+            lambda c: c.retrieve(self.collection, keys, with_payload=[field], with_vectors=False)
+        )
 
 
 class QdrantTarget(Collection):

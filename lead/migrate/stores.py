@@ -44,6 +44,7 @@ __all__ = [
     "StoreURI",
     "Target",
     "check_same_migration",
+    "ordered_texts",
     "parse_store_uri",
     "with_params",
 ]
@@ -334,6 +335,20 @@ class Source(Protocol):
     def sample_ids(self, n: int, seed: int) -> np.ndarray:
         """Up to ``n`` ids of rows with a vector, drawn at random with ``seed``."""
 
+    def texts(self, ids: np.ndarray, column: str) -> list[str]:
+        """The text of these ids in ``column`` (a text column of the same table, a string
+        column of the Parquet file, a payload field of the Qdrant points), in the same
+        order: what ``calibrate --embed`` embeds with the new model.
+
+        Raises
+        ------
+        StoreNotFoundError
+            No such column (no point holds the payload field).
+        InvalidInputError
+            An id that is not in the store, or whose text is NULL / missing, naming it; a
+            column that is not text; a store without text (``.npy``, ``.safetensors``).
+        """
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Any: ...
@@ -382,3 +397,33 @@ def require(module: str, extra: str) -> Any:
         raise InvalidInputError(
             f"this store needs {module!r}: pip install 'lead-stitch[{extra}]'", param="uri"
         ) from None
+
+
+def ordered_texts(ids: np.ndarray, found: dict[Any, Any], where: str, column: str) -> list[str]:
+    """The texts of ``ids`` in that order, from ``found`` ({id: text, or None for NULL}),
+    for :meth:`Source.texts`.
+
+    Raises
+    ------
+    InvalidInputError
+        An id not in ``found`` (not in the store), or whose text is None or not a string,
+        naming the id.
+    """
+    out = []
+    for key in np.asarray(ids).tolist():
+        if key not in found:
+            raise InvalidInputError(f"id {key!r} is not in {where}", param="ids")
+        value = found[key]
+        if value is None:
+            raise InvalidInputError(
+                f"the text of id {key!r} in {column!r} of {where} is NULL or missing; fill "
+                "it, or give the new model's vectors instead",
+                param="text_column",
+            )
+        if not isinstance(value, str):
+            raise InvalidInputError(
+                f"the {column!r} of id {key!r} in {where} is {type(value).__name__}, not text",
+                param="text_column",
+            )
+        out.append(value)
+    return out

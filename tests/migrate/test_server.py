@@ -4,7 +4,6 @@ on loopback) gives the in-process bytes, split to the server's Arrow limit."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest

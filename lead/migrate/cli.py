@@ -212,7 +212,11 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--qrels", metavar="FILE", help="relevance judgments: BEIR qrels .tsv, or JSON"
     )
-    parser.add_argument("--sample", type=int, help="ids drawn from those in both stores")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        help="ids drawn at random: from those in both stores (from the source with --embed)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -106,7 +106,12 @@ def _error_from(response: httpx.Response) -> le.LeadError:
         code, message, param = str(body.get("code")), str(body["message"]), body.get("param")
         request_id = body.get("request_id")
     except (ValueError, KeyError, TypeError):
-        code, message, param, request_id = "http_error", response.text[:500], None, None
+        # not LEAD's error envelope (a proxy, another server): one line of its body
+        text = " ".join(response.text.split())[:200] or "(no body)"
+        code, param, request_id = "http_error", None, None
+        message = (
+            f"{response.request.url.copy_with(query=None)} did not answer as a LEAD server: {text}"
+        )
     status = response.status_code
     retry_after = int(response.headers.get("retry-after", "1") or 1)
     exc: le.LeadError

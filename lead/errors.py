@@ -284,4 +284,5 @@ class HubError(LeadError, RuntimeError):
 
 
 class StoreError(LeadError, RuntimeError):
-    """A vector store that cannot be reached, or that refuses the credentials or a query."""
+    """A vector store (or the LEAD server a migration translates through) that cannot be
+    reached, or that refuses the credentials or a query."""

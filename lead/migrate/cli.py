@@ -155,7 +155,12 @@ def read_qrels(path: str) -> dict[str, dict[str, int]]:
     file = Path(path)
     if not file.is_file():
         raise InvalidInputError(f"no such qrels file: {path}", param="qrels")
-    text = file.read_text()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(
+            f"{path} is not text: give a BEIR qrels .tsv or a JSON file", param="qrels"
+        ) from None
     if file.suffix.lower() == ".json":
         try:
             loaded = json.loads(text)

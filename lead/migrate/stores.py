@@ -23,10 +23,11 @@ last batch that landed, and every row is in the target once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
@@ -53,6 +54,15 @@ __all__ = [
 LEAD_PARAMS = ("table", "column", "id", "vector", "type")
 #: Query parameters whose values are secrets: shown as ``***`` in :attr:`StoreURI.uri`.
 SECRET_PARAMS = frozenset({"api_key", "apikey", "password", "sslpassword", "token"})
+#: A parameter whose name holds one of these is treated as a secret too (``api-key``,
+#: ``pasword``, ``x_auth``): a mistyped secret is still never printed.
+_SECRET_HINTS = ("key", "pas", "pw", "secret", "token", "auth", "cred")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _is_secret(name: str) -> bool:
+    lower = name.lower()
+    return lower in SECRET_PARAMS or any(hint in lower for hint in _SECRET_HINTS)
 
 
 @dataclass(frozen=True)
@@ -87,10 +97,15 @@ def parse_store_uri(uri: str) -> StoreURI:
     Raises
     ------
     InvalidInputError
-        An unknown scheme, or a LEAD parameter given twice.
+        An unknown scheme, a malformed URI, a password with a bad percent-encoding, or a
+        LEAD parameter given twice (messages never repeat a password or a secret).
     """
     text = str(uri)
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (urlsplit checks the port only when asked)
+    except ValueError as error:
+        raise InvalidInputError(f"not a valid store URI: {error}", param="uri") from None
     scheme = parts.scheme.lower()
     if scheme in ("", "file") or len(scheme) == 1:  # a bare path (or a Windows drive)
         path, _, query = (parts.path if scheme == "file" else text).partition("?")
@@ -109,8 +124,14 @@ def parse_store_uri(uri: str) -> StoreURI:
         scheme = "postgresql"
     elif scheme != "qdrant":
         raise InvalidInputError(
-            f"{text}: unknown store scheme {parts.scheme!r}; use postgresql://, qdrant:// "
-            "or a path to a Parquet, .npy or .safetensors file",
+            f"unknown store scheme {parts.scheme!r}; use postgresql://, qdrant:// or a path "
+            "to a Parquet, .npy or .safetensors file",
+            param="uri",
+        )
+    if parts.password and _BAD_PERCENT.search(parts.password):
+        raise InvalidInputError(
+            f"{_redact(parts)}: the password has a '%' that is not a percent-encoding "
+            "(write % as %25)",
             param="uri",
         )
     pairs = parse_qsl(parts.query, keep_blank_values=True)
@@ -119,9 +140,10 @@ def parse_store_uri(uri: str) -> StoreURI:
     if len(set(names)) != len(names):
         raise InvalidInputError(f"{_redact(parts)}: a parameter is given twice", param="uri")
     others = [(k, v) for k, v in pairs if k not in LEAD_PARAMS]
-    rest = urlencode(others, safe="/")
-    hidden = [(k, "***" if k.lower() in SECRET_PARAMS else v) for k, v in others]
-    shown = urlencode(hidden, safe="/*")
+    # quote (not quote_plus): libpq reads %20 as a space but takes "+" literally
+    rest = urlencode(others, safe="/", quote_via=quote)
+    hidden = [(k, "***" if _is_secret(k) else v) for k, v in others]
+    shown = urlencode(hidden, safe="/*", quote_via=quote)
     connect = _unsplit(parts.scheme, parts.netloc, parts.path, rest)
     safe = _unsplit(parts.scheme, _netloc_without_password(parts), parts.path, shown)
     return StoreURI(scheme, safe, connect, dict(ours), parts.path)
@@ -263,7 +285,9 @@ def check_same_migration(
     ConflictError
         Naming the first setting that differs, with both values.
     """
-    keys = (set(want) | set(have)) - set(ignore)
+    # the stitch as named ("minilm-to-mpnet", a folder, a server's id) may differ between
+    # runs: its stitch_sha256 (config and weights) says whether it is the same stitch
+    keys = (set(want) | set(have)) - {"stitch", *ignore}
     differ = sorted(k for k in keys if want.get(k) != have.get(k))
     if differ:
         key = differ[0]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,9 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from lead.artifacts import WEIGHTS_FILE, load_stitch, stitch_folder
+from lead.artifacts import CONFIG_FILE, WEIGHTS_FILE, load_stitch, stitch_folder
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import NonFiniteOutputError, StitchNotFoundError
+from lead.errors import InvalidInputError, NonFiniteOutputError, StitchNotFoundError, StoreError
 from lead.stitches import Stitch, oriented
 from lead.unit_input import normalize_input
 
@@ -87,11 +89,18 @@ def resolve_stitch_folder(name: str | Path) -> Path:
     return stitch_folder(text)
 
 
-def _sha256(path: Path) -> str:
+def stitch_sha256(folder: Path) -> str:
+    """SHA-256 over a stitch's ``config.json`` and ``model.safetensors`` (each file's length,
+    then its bytes): any change to the weights or to the config (``normalize_output``, the
+    architecture) changes it, and the same files give the same digest wherever they are
+    (a bundled id, a folder, downloaded from a server)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        path = folder / name
+        digest.update(f"{name}:{path.stat().st_size}:".encode())
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -100,7 +109,29 @@ def _ref(name: str, folder: Path, stitch: Stitch, inverse: bool) -> StitchRef:
     dims = (stitch.d_src, stitch.d_tgt)
     if inverse:
         models, dims = models[::-1], dims[::-1]
-    return StitchRef(name, _sha256(folder / WEIGHTS_FILE), *models, *dims)
+    return StitchRef(name, stitch_sha256(folder), *models, *dims)
+
+
+def _device(device: str | None) -> str:
+    """``cpu`` or ``cuda[:n]``, checked against this machine.
+
+    Raises
+    ------
+    InvalidInputError
+        An unknown device, or CUDA on a machine without it.
+    """
+    name = device or "cpu"
+    try:
+        parsed = torch.device(name)
+    except RuntimeError:
+        raise InvalidInputError(
+            f"unknown device {name!r}: use cpu or cuda", param="device"
+        ) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError("--device cuda: this machine has no CUDA device", param="device")
+    if parsed.type not in ("cpu", "cuda"):
+        raise InvalidInputError(f"unknown device {name!r}: use cpu or cuda", param="device")
+    return name
 
 
 class LocalTranslator:
@@ -133,7 +164,7 @@ class LocalTranslator:
         device: str | None = None,
     ) -> None:
         folder = resolve_stitch_folder(name)
-        self.stitch = load_stitch(folder, device=device)
+        self.stitch = load_stitch(folder, device=_device(device))
         self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
         self.inverse, self.normalize = inverse, normalize
         self.ref = _ref(str(name), folder, self.stitch, inverse)
@@ -217,11 +248,17 @@ class RemoteTranslator:
             raise StitchNotFoundError(
                 "--inverse is not available with --server; run it in-process", param="inverse"
             )
+        if not server.startswith(("http://", "https://")):
+            raise InvalidInputError(
+                f"--server must be an http:// or https:// URL, got {server!r}", param="server"
+            )
+        self.server = server
         self.client = LeadClient(server, api_key=api_key, timeout=600.0)
         self.stitch_id, self.normalize, self.concurrency = stitch, normalize, concurrency
         tmp = Path(tempfile.mkdtemp(prefix="lead-stitch-"))
         try:
-            folder = self.client.download_stitch(stitch, tmp / "stitch")
+            with _reaching(server):
+                folder = self.client.download_stitch(stitch, tmp / "stitch")
             local = load_stitch(folder)
             self.ref = _ref(stitch, folder, local, False)
         except BaseException:
@@ -231,13 +268,28 @@ class RemoteTranslator:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self.client.translate(
-            rows, stitch=self.stitch_id, normalize=self.normalize, format="arrow"
-        )
+        with _reaching(self.server):
+            out: np.ndarray = self.client.translate(
+                rows, stitch=self.stitch_id, normalize=self.normalize, format="arrow"
+            )
         return out
 
     def close(self) -> None:
         self.client.close()
+
+
+@contextmanager
+def _reaching(server: str) -> Iterator[None]:
+    """Transport failures talking to a LEAD server as one :class:`StoreError`."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPError as error:
+        reason = str(error) or type(error).__name__
+        raise StoreError(
+            f"cannot reach the LEAD server at {server}: {reason}", param="server"
+        ) from None
 
 
 def make_translator(

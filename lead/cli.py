@@ -534,6 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (| head): not an error of ours
+        sys.stderr.close()
+        return 141
 
 
 if __name__ == "__main__":

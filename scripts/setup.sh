@@ -12,7 +12,14 @@ VENV=${LEAD_VENV:-.venv}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.lead-installed-${EXTRAS//[^a-z,]/_}"
 WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
-installed() { [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; }
+# the `test` extra holds every other one (service, migrate, ...): a venv made for it serves all
+installed() {
+  [ -x "$VENV/bin/python" ] || return 1
+  for stamp in "$STAMP" "$VENV/.lead-installed-test"; do
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$WANT" ]; then return 0; fi
+  done
+  return 1
+}
 if installed; then
   exit 0
 fi

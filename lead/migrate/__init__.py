@@ -23,8 +23,7 @@ from lead.migrate.plan import PlanResult, run_plan
 from lead.migrate.quality import RetrievalQueries
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.translator import LocalTranslator, RemoteTranslator, Translator, make_translator
-from lead.migrate.verify import VerifyResult
-from lead.migrate.verify import run_verify as verify
+from lead.migrate.verify import VerifyResult, run_verify
 
 __all__ = [
     "ApplyResult",
@@ -55,6 +54,7 @@ def apply(
     inverse: bool = False,
     normalize: bool = False,
     skip_null: bool = False,
+    allow_no_go: bool = False,
     device: str | None = None,
     progress: Any = True,
 ) -> ApplyResult:
@@ -76,6 +76,8 @@ def apply(
         Run an invertible stitch backwards; L2-normalise the output rows.
     skip_null : bool, default False
         Leave NULL vectors out instead of refusing them.
+    allow_no_go : bool, default False
+        Use a stitch that ``calibrate`` judged no-go (refused by default).
     device : str, optional
         ``cpu`` or ``cuda`` for the in-process stitch.
     progress : bool or callable
@@ -112,6 +114,7 @@ def apply(
                 inverse=inverse,
                 normalize=normalize,
                 skip_null=skip_null,
+                allow_no_go=allow_no_go,
                 column=_column_name(src),
                 progress=progress,
             )
@@ -158,6 +161,60 @@ def plan(
     finally:
         if isinstance(stitch, str | Path):
             translator.close()
+
+
+def verify(
+    source: str | None,
+    target: str,
+    native: str,
+    *,
+    stitch: str | Path | None = None,
+    report_dir: str | Path = "lead-verify",
+    sample: int = 1000,
+    seed: int = 0,
+    queries: RetrievalQueries | None = None,
+    thresholds: dict[str, Any] | None = None,
+    junit: str | Path | None = None,
+) -> VerifyResult:
+    """``lead migrate verify SOURCE TARGET --native NATIVE``: translated against native
+    vectors, with a report in ``report_dir`` (:func:`lead.migrate.verify.run_verify`).
+
+    Parameters
+    ----------
+    source : str or None
+        The migrated store (the source-native half of the bound, with ``queries``).
+    target, native : str
+        The translated store; the new model's vectors for some of the ids.
+    stitch : str or Path, optional
+        The stitch ``calibrate`` made: the ids it was fitted on are left out of the sample.
+    report_dir, sample, seed, queries, thresholds, junit
+        As :func:`~lead.migrate.verify.run_verify`; ``queries`` is a
+        :class:`~lead.migrate.quality.RetrievalQueries` (query vectors by both models and
+        relevance judgments).
+
+    Returns
+    -------
+    VerifyResult
+        ``passed``, ``exit_code``, ``report``.
+
+    Raises
+    ------
+    TooFewPairsError, ShapeMismatchError, StoreNotFoundError, StoreError, InvalidInputError
+    """
+    from lead.migrate.calibrate import fitted_ids
+
+    return run_verify(
+        target,
+        native,
+        sample=sample,
+        seed=seed,
+        source=source,
+        queries=queries,
+        thresholds=thresholds,
+        report_dir=report_dir,
+        junit=junit,
+        exclude_ids=fitted_ids(stitch) if stitch is not None else None,
+    )
 
 
 def _column_name(source: Any) -> str:

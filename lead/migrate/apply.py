@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from lead.errors import InvalidInputError, ShapeMismatchError, ZeroVectorError
-from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target
+from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target, unsplit
 from lead.migrate.translator import Translator
 
 __all__ = ["ApplyResult", "check_dims", "migration_spec", "run_apply"]
@@ -64,6 +65,35 @@ class ApplyResult:
         }
 
 
+def source_identity(uri: str) -> str:
+    """The source as a migration records it: its URI without the user name and password,
+    so that the same table reached as another user, or with the password now in the URI,
+    resumes the same migration."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return unsplit(parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query)
+
+
+def check_go(translator: Translator, *, allow_no_go: bool) -> None:
+    """Refuse a stitch that ``calibrate`` judged no-go, unless the caller overrides it.
+
+    Raises
+    ------
+    InvalidInputError
+        The stitch's ``config.json`` records a no-go calibration (naming the failed gates).
+    """
+    calibration = getattr(translator, "calibration", None) or {}
+    if allow_no_go or calibration.get("decision") != "no-go":
+        return
+    failed = [c.get("name", "?") for c in calibration.get("checks", []) if not c.get("passed")]
+    raise InvalidInputError(
+        f"stitch {translator.ref.name} was judged no-go by calibrate (failed: "
+        f"{', '.join(failed) or 'a gate'}); recalibrate, or pass --allow-no-go to use it anyway",
+        param="stitch",
+    )
+
+
 def check_dims(source: Source, translator: Translator, column: str) -> None:
     """Refuse a source whose dimension is not the stitch's input dimension.
 
@@ -89,7 +119,7 @@ def migration_spec(
     """What the target records about this migration (a resumed run must match it)."""
     ref = translator.ref
     return MigrationSpec(
-        source=source.info.uri,
+        source=source_identity(source.info.uri),
         stitch=ref.name,
         stitch_sha256=ref.sha256,
         inverse=inverse,
@@ -177,6 +207,7 @@ def run_apply(
     inverse: bool = False,
     normalize: bool = False,
     skip_null: bool = False,
+    allow_no_go: bool = False,
     column: str = "the source column",
     progress: Callable[[int, int], None] | bool = True,
 ) -> ApplyResult:
@@ -194,6 +225,8 @@ def run_apply(
         Rows per read, translation and atomic write.
     skip_null : bool, default False
         Leave rows whose vector is NULL out of the target; by default they are refused.
+    allow_no_go : bool, default False
+        Use a stitch that ``calibrate`` judged no-go (refused by default).
     column : str
         How errors name the source column.
     progress : bool or callable, default True
@@ -220,6 +253,7 @@ def run_apply(
             f"batch size must be at least 1, got {batch_size}", param="batch_size"
         )
     started = time.perf_counter()
+    check_go(translator, allow_no_go=allow_no_go)
     check_dims(source, translator, column)
     source.check(skip_null=skip_null)
     spec = migration_spec(source, translator, inverse=inverse, normalize=normalize)

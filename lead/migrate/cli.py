@@ -96,6 +96,7 @@ def _apply(args: argparse.Namespace) -> int:
             inverse=args.inverse,
             normalize=args.normalize,
             skip_null=args.skip_null,
+            allow_no_go=args.allow_no_go,
             progress=not args.quiet,
         )
     else:
@@ -108,6 +109,7 @@ def _apply(args: argparse.Namespace) -> int:
             inverse=args.inverse,
             normalize=args.normalize,
             skip_null=args.skip_null,
+            allow_no_go=args.allow_no_go,
             device=args.device,
             progress=not args.quiet,
         )
@@ -220,7 +222,7 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sample",
         type=int,
-        help="ids drawn at random: from those in both stores (from the source with --embed)",
+        help="ids drawn at random from those in both stores (calibrate --embed: from the source)",
     )
     parser.add_argument("--seed", type=int, default=0)
 
@@ -258,8 +260,23 @@ def _calibrate(args: argparse.Namespace) -> int:
         text_column=args.text_column or "text",
         save_native=args.save_native,
     )
-    _print(result.as_dict())
+    _print(_without_id_lists(result.as_dict()))
     return 0 if result.passed else 1
+
+
+def _without_id_lists(value: Any) -> Any:
+    """``value`` with long id lists (held-out, fitted) replaced by their length: they are
+    in the stitch's config.json; one JSON line on stdout stays readable."""
+    if isinstance(value, dict):
+        return {
+            k: f"{len(v)} ids (in config.json)"
+            if k in ("ids", "fitted_ids") and isinstance(v, list)
+            else _without_id_lists(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_without_id_lists(v) for v in value]
+    return value
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -390,6 +407,11 @@ def add_migrate_commands(commands: Any) -> None:
         help="--engine ray: GPUs per actor (the stitch then runs on CUDA in each actor)",
     )
     apply.add_argument("--quiet", action="store_true", help="no progress bar")
+    apply.add_argument(
+        "--allow-no-go",
+        action="store_true",
+        help="use a stitch that calibrate judged no-go (refused by default)",
+    )
     apply.set_defaults(handler=_apply)
 
     verify = steps.add_parser(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lead.errors import InvalidInputError, LeadError
-from lead.migrate.apply import check_dims
+from lead.migrate.apply import check_dims, check_go
 from lead.migrate.stores import Source
 from lead.migrate.translator import Translator, describe
 
@@ -114,6 +114,10 @@ def run_plan(
         raise InvalidInputError(f"unknown output type {output_type!r}", param="type")
     info = source.info
     problems: list[str] = []
+    try:
+        check_go(translator, allow_no_go=False)
+    except LeadError as error:
+        problems.append(error.message)
     try:
         check_dims(source, translator, column)
     except LeadError as error:

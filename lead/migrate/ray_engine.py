@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from lead.errors import ConflictError, InvalidInputError, LeadError
-from lead.migrate.apply import ApplyResult, _progress, check_dims, migration_spec
+from lead.migrate.apply import ApplyResult, _progress, check_dims, check_go, migration_spec
 from lead.migrate.files import ParquetSource, ParquetTarget
 from lead.migrate.partitions import (
     Partition,
@@ -217,6 +217,7 @@ def run_apply_ray(
     inverse: bool = False,
     normalize: bool = False,
     skip_null: bool = False,
+    allow_no_go: bool = False,
     progress: Any = True,
 ) -> ApplyResult:
     """Translate every vector of ``source`` into ``target`` on a Ray cluster; resume where
@@ -284,6 +285,7 @@ def run_apply_ray(
         if not isinstance(tgt, ParquetTarget | PgVectorTarget):
             raise unsupported("target", tgt.uri)
         column = str(getattr(src, "name", None) or getattr(src, "column", None) or src.info.uri)
+        check_go(translator, allow_no_go=allow_no_go)
         check_dims(src, translator, column)
         src.check(skip_null=skip_null)
         spec = migration_spec(src, translator, inverse=inverse, normalize=normalize)
@@ -294,6 +296,12 @@ def run_apply_ray(
                 rows = state.rows_written
                 return ApplyResult(tgt.uri, 0, rows, rows, seconds, True)
             resources = ray.cluster_resources()
+            if num_gpus and resources.get("GPU", 0) < num_gpus:
+                raise InvalidInputError(
+                    f"--num-gpus {num_gpus}: the Ray cluster has {resources.get('GPU', 0):g} "
+                    "GPUs; the actors would wait for ever",
+                    param="num_gpus",
+                )
             gpus = num_gpus if num_gpus is not None else (1.0 if resources.get("GPU") else 0.0)
             width = workers or max(
                 1, int(resources.get("GPU", 0) // gpus if gpus else resources.get("CPU", 1))

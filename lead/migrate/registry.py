@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lead.errors import InvalidInputError
 from lead.migrate.stores import Source, Target, parse_store_uri
 
 __all__ = ["open_source", "open_target"]
@@ -61,4 +62,11 @@ def open_target(uri: str) -> Target:
         return QdrantTarget(parsed)
     from lead.migrate.files import ParquetTarget
 
-    return ParquetTarget(Path(parsed.path), parsed.params)
+    path = Path(parsed.path)
+    if path.suffix.lower() in (".npy", ".safetensors"):
+        raise InvalidInputError(
+            f"{path}: a file target is a Parquet folder; name it without .npy / "
+            ".safetensors (read it back with pyarrow, or as the source of lead migrate)",
+            param="target",
+        )
+    return ParquetTarget(path, parsed.params)

@@ -47,6 +47,7 @@ __all__ = [
     "check_same_migration",
     "ordered_texts",
     "parse_store_uri",
+    "unsplit",
     "with_params",
 ]
 
@@ -144,12 +145,12 @@ def parse_store_uri(uri: str) -> StoreURI:
     rest = urlencode(others, safe="/", quote_via=quote)
     hidden = [(k, "***" if _is_secret(k) else v) for k, v in others]
     shown = urlencode(hidden, safe="/*", quote_via=quote)
-    connect = _unsplit(parts.scheme, parts.netloc, parts.path, rest)
-    safe = _unsplit(parts.scheme, _netloc_without_password(parts), parts.path, shown)
+    connect = unsplit(parts.scheme, parts.netloc, parts.path, rest)
+    safe = unsplit(parts.scheme, _netloc_without_password(parts), parts.path, shown)
     return StoreURI(scheme, safe, connect, dict(ours), parts.path)
 
 
-def _unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
+def unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
     """``urlunsplit`` that keeps ``//`` before an empty host (``qdrant:///path``)."""
     text = urlunsplit((scheme, netloc, path, query, ""))
     if not netloc and path.startswith("/"):
@@ -174,7 +175,7 @@ def _netloc_without_password(parts: Any) -> str:
 
 
 def _redact(parts: Any) -> str:
-    return _unsplit(parts.scheme, _netloc_without_password(parts), parts.path, "")
+    return unsplit(parts.scheme, _netloc_without_password(parts), parts.path, "")
 
 
 @dataclass

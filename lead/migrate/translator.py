@@ -168,6 +168,8 @@ class LocalTranslator:
         self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
         self.inverse, self.normalize = inverse, normalize
         self.ref = _ref(str(name), folder, self.stitch, inverse)
+        #: calibrate's record (``decision`` go / no-go, the gates), empty for other stitches
+        self.calibration: dict[str, Any] = dict(self.stitch.info.fit.get("calibration") or {})
         self._param = next(self.stitch.parameters())
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
@@ -261,6 +263,7 @@ class RemoteTranslator:
                 folder = self.client.download_stitch(stitch, tmp / "stitch")
             local = load_stitch(folder)
             self.ref = _ref(stitch, folder, local, False)
+            self.calibration = dict(local.info.fit.get("calibration") or {})
         except BaseException:
             self.client.close()
             raise

@@ -152,3 +152,83 @@ def test_cli_errors_are_one_line_with_status_2(argv, message, capsys, tmp_path, 
     assert main(["migrate", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_a_no_go_stitch_is_refused_unless_allowed(demo, pg_uri, tmp_path, capsys):
+    stitch = str(tmp_path / "strict")
+    code, calibrated = _run(
+        capsys,
+        "migrate",
+        "calibrate",
+        demo["source"],
+        demo["native"],
+        "--stitch",
+        stitch,
+        "--min-r2",
+        "0.99",
+    )
+    assert code == 1 and calibrated["decision"] == "no-go"
+    assert "ids (in config.json)" in json.dumps(calibrated)  # no id lists on stdout
+    code, plan = _run(capsys, "migrate", "plan", demo["source"], "--stitch", stitch)
+    assert code == 1 and "no-go" in plan["problems"][0] and "min_r2" in plan["problems"][0]
+    target = str(tmp_path / "out")
+    assert main(["migrate", "apply", demo["source"], target, "--stitch", stitch, "--quiet"]) == 2
+    assert "--allow-no-go" in capsys.readouterr().err and not Path(target).exists()
+    code, applied = _run(
+        capsys,
+        "migrate",
+        "apply",
+        demo["source"],
+        target,
+        "--stitch",
+        stitch,
+        "--allow-no-go",
+        "--quiet",
+    )
+    assert code == 0 and applied["rows_written"] == 400
+
+
+def test_resume_as_another_user_or_by_another_name(demo, pg_uri, tmp_path, capsys):
+    """The same table and the same stitch files resume, however they are written."""
+    import shutil
+
+    from lead.migrate.translator import BUNDLED_MODELS_DIR
+
+    copy = tmp_path / "copy"
+    shutil.copytree(BUNDLED_MODELS_DIR / "minilm-to-mpnet", copy)
+    target = str(tmp_path / "resumed")
+    assert (
+        main(["migrate", "apply", demo["source"], target, "--stitch", "minilm-to-mpnet", "--quiet"])
+        == 0
+    )
+    other_user = demo["source"].replace("postgres:@", "postgres:secret@")
+    code, again = _run(
+        capsys, "migrate", "apply", other_user, target, "--stitch", f"{copy}/", "--quiet"
+    )
+    assert code == 0 and again["already_done"]
+
+
+def test_python_verify_mirrors_the_cli(demo, tmp_path):
+    from lead import migrate
+
+    target = str(tmp_path / "t")
+    migrate.apply(demo["source"], target, "minilm-to-mpnet", progress=False)
+    result = migrate.verify(demo["source"], target, demo["native"], report_dir=tmp_path / "report")
+    assert result.passed and (tmp_path / "report" / "report.md").is_file()
+
+
+def test_a_file_target_must_be_a_folder(demo, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "migrate",
+                "apply",
+                demo["source"],
+                str(tmp_path / "x.npy"),
+                "--stitch",
+                "minilm-to-mpnet",
+            ]
+        )
+        == 2
+    )
+    assert "Parquet folder" in capsys.readouterr().err

@@ -71,6 +71,14 @@ class Address:
     kwargs: dict[str, Any]
     distance: str | None
 
+    def same_collection(self, other: Address) -> bool:
+        """Whether ``other`` is the same collection of the same storage or server."""
+        here = [os.path.realpath(a.storage) if a.storage else None for a in (self, other)]
+        servers = [(a.kwargs.get("host"), a.kwargs.get("port")) for a in (self, other)]
+        return (
+            self.collection == other.collection and here[0] == here[1] and servers[0] == servers[1]
+        )
+
 
 def parse_address(parsed: StoreURI) -> Address:
     other = sorted(set(parsed.params) - {"vector"})
@@ -148,12 +156,31 @@ def acquire(address: Address, *, create: bool) -> _Shared:
                 f"{address.uri}: {address.storage} is not a Qdrant local storage folder",
                 param="uri",
             )
+        _check_folder(address.uri, key)
         try:
             client = qdrant_client.QdrantClient(path=key, force_disable_check_same_thread=True)
         except RuntimeError as error:  # the folder is locked by another process
             raise StoreError(f"{address.uri}: {error}", param="uri") from None
+        except OSError as error:  # cannot create the folder
+            raise StoreError(
+                f"{address.uri}: cannot create {error.filename or key}: {error.strerror}",
+                param="uri",
+            ) from None
         _LOCAL[key] = shared = _Shared(client, key)
         return shared
+
+
+def _check_folder(uri: str, folder: str) -> None:
+    """Refuse a storage folder that is, or lies below, a file (qdrant-client would raise
+    FileExistsError or NotADirectoryError when it makes the folder)."""
+    path = folder
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise InvalidInputError(
+            f"{uri}: {path} is a file, not a folder; give a Qdrant storage folder",
+            param="uri",
+        )
 
 
 def release(shared: _Shared) -> None:
@@ -308,7 +335,18 @@ def has_vector(name: str, *, present: bool) -> Any:
 
 
 def point_key(key: Any) -> tuple[Any, str | None]:
-    """The Qdrant point id of a LEAD id, and the text id to keep in ``lead_id`` (or None)."""
+    """The Qdrant point id a target writes a LEAD id to, and the text id to keep in
+    ``lead_id`` (or None).
+
+    Only the canonical spelling of a UUID (lowercase, hyphenated: as Qdrant answers it)
+    is its own point id; any other text, another spelling of a UUID included, becomes
+    ``uuid5(LEAD_NAMESPACE, text)``, so distinct ids are distinct points.
+
+    Raises
+    ------
+    InvalidInputError
+        A negative integer id.
+    """
     if isinstance(key, int | np.integer):
         if int(key) < 0:
             raise InvalidInputError(
@@ -316,11 +354,31 @@ def point_key(key: Any) -> tuple[Any, str | None]:
             )
         return int(key), None
     text = str(key)
+    if _canonical(text) == text:
+        return text, None
+    return str(uuid.uuid5(LEAD_NAMESPACE, text)), text
+
+
+def source_point(key: Any) -> Any:
+    """The point id a source reads for a LEAD id: any spelling of a UUID names that point
+    (a source's own ids are Qdrant's canonical spelling); other text the uuid5 point a
+    LEAD target made of it.
+
+    Raises
+    ------
+    InvalidInputError
+        A negative integer id.
+    """
+    if isinstance(key, int | np.integer):
+        return point_key(key)[0]
+    return _canonical(str(key)) or point_key(key)[0]
+
+
+def _canonical(text: str) -> str | None:
     try:
-        point = str(uuid.UUID(text))
+        return str(uuid.UUID(text))
     except ValueError:
-        return str(uuid.uuid5(LEAD_NAMESPACE, text)), text
-    return point, (None if point == text else text)
+        return None
 
 
 def fetched(ids: np.ndarray, found: dict[Any, Any], keys: list[Any], where: str) -> np.ndarray:

@@ -256,6 +256,9 @@ def run_apply(
     check_go(translator, allow_no_go=allow_no_go)
     check_dims(source, translator, column)
     source.check(skip_null=skip_null)
+    check_source = getattr(target, "check_source", None)  # a target that reads the ids first
+    if check_source is not None:
+        check_source(source)
     spec = migration_spec(source, translator, inverse=inverse, normalize=normalize)
     state = target.open(spec, source.info)
     resumed = state.rows_written

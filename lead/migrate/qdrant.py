@@ -13,22 +13,32 @@ ignores it, so a target's URI can be the next migration's source).
 
 A source is scrolled in point-id order (integer ids before UUIDs, as Qdrant orders them),
 one vector and no payload per point; a position is the last id of a batch. Its ids are
-int64 when the points' ids are integers, else the UUIDs as text (a collection mixing both
-is refused). Qdrant refuses NaN, but local mode keeps infinity (and stores a value beyond
-float32 as infinity), and a server is not documented to refuse it; so a non-finite vector
-is refused, naming its id, when a batch reaches it: after the earlier batches were
-written, not in :meth:`QdrantSource.check`, which would need a second full read.
+int64 when the points' ids are integers, else the UUIDs as text in Qdrant's canonical
+spelling (lowercase, hyphenated; a collection mixing both is refused). Its
+:meth:`~QdrantSource.fetch` and :meth:`~QdrantSource.texts` take any spelling of a UUID
+for that point, and other text for the point a target made of it (below). Qdrant refuses
+NaN, but local mode keeps infinity (and stores a value beyond float32 as infinity), and a
+server is not documented to refuse it; so :meth:`QdrantSource.check` reads every vector
+once and refuses a non-finite one, naming its id, before anything is written.
 
 A target is a new collection, or a new named vector of an existing collection (Qdrant's
 create-named-vector API, which older servers lack), filled by ``update_vectors`` so its
 points keep their other vectors and payload. Integer ids become integer point ids; a text
-id that is a UUID becomes that UUID, any other text id ``uuid5(LEAD_NAMESPACE, id)`` with
-the id kept in the payload key ``lead_id``. Each batch is upserted with ``wait=True``,
-then the checkpoint written to the collection's metadata (key ``lead_migration``, or
-``lead_migration:NAME`` for a named vector): a run killed in between writes that batch
-again, and as point ids are fixed every row is still there exactly once. With Cosine
-distance Qdrant stores vectors L2-normalised (cosine similarities are unchanged); use
-``distance=Dot`` to keep the values as translated.
+id in the canonical spelling of a UUID becomes that UUID; any other text id, another
+spelling of a UUID included (upper case, braces, no hyphens, ``urn:uuid:``), becomes
+``uuid5(LEAD_NAMESPACE, id)`` with the id kept in the payload key ``lead_id``, so distinct
+ids are distinct points; :meth:`QdrantTarget.fetch` maps ids the same way. The collection
+or vector is made with the first batch, after its ids passed, so a negative integer id
+(Qdrant ids are unsigned) leaves nothing behind when it is in the first batch, as in a
+source read in id order (PostgreSQL); in a Parquet file out of id order it is refused when
+its batch is reached. Before a new vector is added to an existing collection,
+:meth:`QdrantTarget.check_source` reads the source's ids once and refuses one that is not
+a point of it. Each batch is upserted with ``wait=True``, then the checkpoint written to
+the collection's metadata (key ``lead_migration``, or ``lead_migration:NAME`` for a named
+vector): a run killed in between writes that batch again, and as point ids are fixed every
+row is still there exactly once. With Cosine distance Qdrant stores vectors L2-normalised
+(cosine similarities are unchanged); use ``distance=Dot`` to keep the values as
+translated.
 
 Local mode locks its storage folder, so every store of one folder in a process shares one
 client (closed with the last store), its calls serialised by a lock. It commits each
@@ -59,12 +69,14 @@ from lead.migrate._qdrant import (
     has_vector,
     pick_vector,
     point_key,
+    source_point,
     vector_of,
 )
 from lead.migrate.stores import (
     Batch,
     MigrationSpec,
     Progress,
+    Source,
     SourceInfo,
     StoreURI,
     check_same_migration,
@@ -120,14 +132,16 @@ class QdrantSource(Collection):
         return records[0].id if records else None
 
     def check(self, *, skip_null: bool = False) -> None:
-        """Refuse mixed integer / UUID ids, and points without the vector (unless
-        ``skip_null``). Point ids are unique in Qdrant; non-finite values are refused by
-        :meth:`batches` (see the module docstring).
+        """Refuse mixed integer / UUID ids, points without the vector (unless
+        ``skip_null``) and non-finite values; point ids are unique in Qdrant. Reads every
+        vector once (see the module docstring).
 
         Raises
         ------
         InvalidInputError
             Naming an offending id.
+        NonFiniteError
+            A vector holding infinity or NaN, naming its id.
         """
         if self._mixed is not None:
             raise InvalidInputError(
@@ -145,6 +159,8 @@ class QdrantSource(Collection):
                 f"first: id {first}); pass --skip-null to leave them out of the target",
                 param="vector",
             )
+        for _ in self.batches(4096):  # each batch is checked as it is read
+            pass
 
     def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
         """Points with the vector in id order, after point id ``after``; one scroll request
@@ -212,26 +228,14 @@ class QdrantSource(Collection):
             An id that is not a point of the collection, or has no such vector.
         """
         ids = np.asarray(ids)
-        keys = [point_key(k)[0] for k in ids.tolist()]
+        keys = [source_point(k) for k in ids.tolist()]
         found = self._retrieve(keys, self.vector)
         return fetched(ids, found, keys, self.name)
 
     def sample_ids(self, n: int, seed: int) -> np.ndarray:
         """Up to ``n`` ids of points with the vector, a seeded random sample in id order
         (scrolls every id once, without vectors)."""
-        keys: list[Any] = []
-        offset: Any = None
-        while True:
-            records, offset = self.scroll(
-                scroll_filter=has_vector(self.vector, present=True),
-                limit=10_000,
-                offset=offset,
-                with_payload=False,
-                with_vectors=False,
-            )
-            keys += [r.id for r in records]
-            if offset is None:
-                break
+        keys = [k for page in self.point_ids() for k in page]
         rng = np.random.default_rng(seed)
         pick = np.sort(rng.choice(len(keys), size=min(int(n), len(keys)), replace=False))
         if self.info.id_kind == "int":
@@ -239,6 +243,23 @@ class QdrantSource(Collection):
         out = np.empty(len(pick), dtype=object)
         out[:] = [str(keys[i]) for i in pick]
         return out
+
+    def point_ids(self, page: int = 10_000) -> Iterator[list[Any]]:
+        """The ids of the points with the vector, in id order, ``page`` at a time (scrolled
+        without vectors)."""
+        offset: Any = None
+        while True:
+            records, offset = self.scroll(
+                scroll_filter=has_vector(self.vector, present=True),
+                limit=page,
+                offset=offset,
+                with_payload=False,
+                with_vectors=False,
+            )
+            if records:
+                yield [r.id for r in records]
+            if offset is None:
+                return
 
     def texts(self, ids: np.ndarray, column: str) -> list[str]:
         """The payload field ``column`` of the points ``ids``, in that order.
@@ -252,7 +273,7 @@ class QdrantSource(Collection):
             (or holds something else than text), naming it.
         """
         ids = np.asarray(ids)
-        keys = [point_key(k)[0] for k in ids.tolist()]
+        keys = [source_point(k) for k in ids.tolist()]
         payloads: dict[Any, dict[str, Any]] = {}
         for start in range(0, len(keys), 1024):
             records = self._payload_page(keys[start : start + 1024], column)
@@ -295,6 +316,7 @@ class QdrantTarget(Collection):
         self.uri = with_params(self.address.uri, vector=self.vector if self.address.named else None)
         self.spec: dict[str, Any] = {}
         self.new_collection = True
+        self._pending: int | None = None  # the dimension of what the first write makes
 
     def _params(self, dim: int) -> Any:
         from qdrant_client import models
@@ -318,7 +340,8 @@ class QdrantTarget(Collection):
         self.call(lambda c: c.update_collection(self.collection, metadata={self.key: entry}))
 
     def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
-        """Create the collection or vector with its checkpoint, or resume the same migration.
+        """Resume the same migration, or check that the collection or vector is free: the
+        first :meth:`write` (or :meth:`finish`) makes it with its checkpoint.
 
         Raises
         ------
@@ -327,7 +350,7 @@ class QdrantTarget(Collection):
             migration's checkpoint, or with another migration's (naming the setting that
             differs).
         StoreError
-            The server keeps no collection metadata, or cannot add a named vector.
+            The checkpoint's vector is gone and cannot be added again.
         """
         want = {**spec.as_dict(), "vector": self.vector, "distance": self.distance}
         config = self._config()
@@ -358,15 +381,70 @@ class QdrantTarget(Collection):
             )
         self.new_collection = config is None
         self.spec = {**want, "new_collection": self.new_collection}
-        if config is not None:  # the checkpoint first: a kill before the vector exists resumes
+        self._pending = spec.dim  # made by the first write (or finish): after its ids passed
+        return Progress()
+
+    def check_source(self, source: Source) -> None:
+        """Before :meth:`open`: when this run adds a vector to an existing collection,
+        refuse a source id that is not a point of it. Reads the source's ids once (a Qdrant
+        source's without vectors, any other's with them); not for a source that is this
+        collection, a new collection, or a resumed run (checked when it started).
+
+        Raises
+        ------
+        InvalidInputError
+            Naming the first source id that is not a point, or a negative one.
+        """
+        if not self.address.named:
+            return
+        config = self._config()
+        if config is None or self.key in (config.metadata or {}):
+            return
+        if self._vector_size(config) is not None:
+            return  # open() refuses it
+        if isinstance(source, QdrantSource):
+            if source.address.same_collection(self.address):
+                return
+            pages: Iterator[Any] = (np.asarray(p, dtype=object) for p in source.point_ids(1024))
+        else:
+            pages = (batch.ids for batch in source.batches(8192))
+        for ids in pages:
+            self._require_points(ids, [point_key(k)[0] for k in ids.tolist()])
+
+    def _require_points(self, ids: np.ndarray, keys: list[Any]) -> None:
+        """Refuse the first of ``ids`` (point ids ``keys``) that is not a point."""
+        for start in range(0, len(keys), 1024):
+            page = keys[start : start + 1024]
+            found = {r.id for r in self._points(page)}
+            for key, point in zip(ids[start : start + 1024].tolist(), page, strict=True):
+                if point not in found:
+                    raise InvalidInputError(
+                        f"{self.uri}: id {key!r} of the source is not a point of collection "
+                        f"{self.collection!r}; a new vector is added to the points of the "
+                        "same ids",
+                        param="ids",
+                    )
+
+    def _points(self, keys: list[Any]) -> list[Any]:
+        return self.call(
+            lambda c: c.retrieve(self.collection, keys, with_payload=False, with_vectors=False)
+        )
+
+    def _start(self) -> None:
+        """Make the collection, or the checkpoint and then the vector (a kill between the
+        two resumes), if :meth:`open` left them to the first write."""
+        if self._pending is None:
+            return
+        dim, self._pending = self._pending, None
+        if not self.new_collection:
             self._save(Progress())
-            self._add_vector(spec.dim)
-            return Progress()
-        vectors = {self.vector: self._params(spec.dim)} if self.address.named else None
+            self._add_vector(dim)
+            return
+        vectors = {self.vector: self._params(dim)} if self.address.named else None
         self.call(
             lambda c: c.create_collection(
                 self.collection,
-                vectors_config=vectors or self._params(spec.dim),
+                vectors_config=vectors or self._params(dim),
                 metadata={self.key: {"spec": self.spec, "position": None, "rows_written": 0}},
             )
         )
@@ -377,7 +455,6 @@ class QdrantTarget(Collection):
                 f"{self.uri}: this Qdrant server keeps no collection metadata, where LEAD "
                 "keeps its checkpoint; upgrade Qdrant",
             )
-        return Progress()
 
     def _add_vector(self, dim: int) -> None:
         from qdrant_client import models
@@ -398,18 +475,23 @@ class QdrantTarget(Collection):
 
     def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
         """Upsert the points (or update their new vector), wait, then move the checkpoint.
+        The first write makes the collection or vector, after its ids passed.
 
         Raises
         ------
         InvalidInputError
-            A negative integer id.
+            A negative integer id; an id that is not a point of an existing collection this
+            run adds a vector to.
         StoreError
-            An id that is not a point of an existing collection this run adds a vector to.
+            The server keeps no collection metadata, or cannot add a named vector.
         """
         from qdrant_client import models
 
         pairs = [point_key(k) for k in ids.tolist()]
         keys = [p for p, _ in pairs]
+        if not self.new_collection:
+            self._require_points(np.asarray(ids), keys)
+        self._start()
         rows = np.asarray(vectors, dtype=np.float32).tolist()
         if self.new_collection:
             payloads = [{"lead_id": t} if t is not None else {} for _, t in pairs]
@@ -434,6 +516,7 @@ class QdrantTarget(Collection):
         self._save(progress)
 
     def finish(self, progress: Progress) -> None:
+        self._start()  # a source without rows
         self._save(Progress(progress.position, progress.rows_written, True))
 
     def fetch(self, ids: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from lead.migrate.qdrant import LEAD_NAMESPACE
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import parse_store_uri, with_params
 from lead.migrate.translator import LocalTranslator
+from tests.migrate._data import write_parquet
 from tests.migrate.conftest import make_table
 
 qdrant_client = pytest.importorskip("qdrant_client")
@@ -200,6 +201,34 @@ def test_text_ids_become_uuids_with_the_id_in_the_payload(
     assert stored[keys[-1]] == {}  # a UUID stays itself
 
 
+def test_spellings_of_one_uuid_stay_distinct_points(
+    scifact_small, minilm_to_mpnet, storage, tmp_path
+):
+    X = scifact_small.corpus["minilm"][:10]
+    same = uuid.UUID("550e8400-e29b-41d4-a716-446655440000")
+    spellings = [str(same), str(same).upper(), f"{{{same}}}", same.hex, f"urn:uuid:{same}"]
+    keys = spellings + [f"doc-{k}" for k in scifact_small.corpus_ids[:5]]
+    source = write_parquet(tmp_path / "in.parquet", keys, X)
+    target = f"qdrant://{storage}/out?distance=Dot"
+    result = migrate.apply(source, target, minilm_to_mpnet, batch_size=4, progress=False)
+    assert result.rows_written == 10
+    stored = {p.id: p.payload for p in _points(storage, "out")}
+    assert len(stored) == 10  # one point per id, none overwritten by another spelling
+    assert stored[str(same)] == {}  # the canonical spelling is the point id itself
+    for key in keys[1:]:
+        assert stored[str(uuid.uuid5(LEAD_NAMESPACE, key))] == {"lead_id": key}
+    ids = np.asarray(keys[::-1], dtype=object)
+    want = minilm_to_mpnet(X[::-1])
+    np.testing.assert_allclose(_fetch(target, ids), want, atol=1e-5, rtol=0)
+    with open_source(target) as opened:  # as a source, any spelling of a UUID is its point
+        np.testing.assert_allclose(
+            opened.fetch(np.asarray(spellings[:4], dtype=object)),
+            np.repeat(want[-1:], 4, axis=0),
+            atol=1e-5,
+            rtol=0,
+        )
+
+
 def test_points_without_the_vector_are_refused_or_skipped(scifact_small, minilm_to_mpnet, storage):
     X = scifact_small.corpus["minilm"][:30].copy()
     X[11] = np.nan  # point 111 has no "minilm" vector
@@ -222,12 +251,18 @@ def _collections(storage: str) -> list[Any]:
         client.close()
 
 
-def test_infinity_is_refused_naming_the_point(scifact_small, minilm_to_mpnet, storage):
+def test_infinity_is_refused_naming_the_point_before_anything_is_written(
+    scifact_small, minilm_to_mpnet, storage
+):
     X = scifact_small.corpus["minilm"][:20].copy()
     X[17, 5] = np.inf  # local mode keeps infinity (it refuses NaN)
     source = make_collection(storage, "inf", list(range(20)), X, distance="Dot")
+    with open_source(source) as opened, pytest.raises(NonFiniteError, match="id 17"):
+        opened.check()
+    target = f"qdrant://{storage}/inf_out"
     with pytest.raises(NonFiniteError, match="id 17"):
-        migrate.apply(source, f"qdrant://{storage}/inf_out", minilm_to_mpnet, progress=False)
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=5, progress=False)
+    assert "inf_out" not in {c.name for c in _collections(storage)}  # nothing written
 
 
 def test_bad_sources_are_refused_before_anything_is_written(
@@ -337,3 +372,60 @@ def test_server_answers_become_lead_errors(refusing_server):
     status[0] = 500
     with open_target(f"{address}/c") as target, pytest.raises(StoreError, match="HTTP 500"):
         target.fetch(np.arange(3))
+
+
+def _vectors(storage: str, name: str) -> set[str]:
+    client = _client(storage)
+    try:
+        config = client.get_collection(name).config
+    finally:
+        client.close()
+    vectors = config.params.vectors
+    return set(vectors) if isinstance(vectors, dict) else {""}
+
+
+def test_a_new_vector_for_ids_that_are_not_points_is_refused_before_anything_is_written(
+    scifact_small, minilm_to_mpnet, storage, tmp_path
+):
+    X = scifact_small.corpus["minilm"][:41]
+    make_collection(storage, "ints", list(range(40)), {"old": X[:40]})
+    before = {p.id: p.vector for p in _points(storage, "ints")}
+    target = f"qdrant://{storage}/ints?vector=newv"
+    other = make_collection(storage, "other", list(range(41)), X)  # id 40 is not in "ints"
+    with pytest.raises(InvalidInputError, match=r"id 40 .*not a point"):
+        migrate.apply(other, target, minilm_to_mpnet, batch_size=10, progress=False)
+    assert _vectors(storage, "ints") == {"old"}  # id 40 is in the last batch: nothing added
+    ids = np.arange(41, dtype=np.int64)
+    ids[-1] = -1  # refused before the vector is added, though the last row read
+    source = write_parquet(tmp_path / "neg.parquet", ids.tolist(), X)
+    with pytest.raises(InvalidInputError, match="id -1: Qdrant point ids are unsigned"):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=10, progress=False)
+    assert _vectors(storage, "ints") == {"old"}
+    client = _client(storage)
+    try:
+        assert not client.get_collection("ints").config.metadata  # no checkpoint either
+    finally:
+        client.close()
+    assert {p.id: p.vector for p in _points(storage, "ints")} == before
+    own = f"qdrant://{storage}/ints?vector=old"
+    result = migrate.apply(own, target, minilm_to_mpnet, progress=False)
+    assert result.rows_written == 40  # the collection's own ids: no second read needed
+
+
+def test_a_negative_id_leaves_no_collection_behind(
+    scifact_small, minilm_to_mpnet, storage, tmp_path
+):
+    X = scifact_small.corpus["minilm"][:20]
+    source = write_parquet(tmp_path / "neg.parquet", list(range(-1, 19)), X)
+    with pytest.raises(InvalidInputError, match="id -1: Qdrant point ids are unsigned"):
+        migrate.apply(source, f"qdrant://{storage}/neg", minilm_to_mpnet, progress=False)
+    assert "neg" not in {c.name for c in _collections(storage)}
+
+
+def test_a_storage_folder_below_a_file_is_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    for uri in (f"qdrant://{afile}/c", f"qdrant://{afile}/sub/c"):
+        with pytest.raises(InvalidInputError, match=f"{afile} is a file, not a folder"):
+            open_target(uri)
+    assert afile.read_text() == "not a folder"

@@ -197,7 +197,9 @@ def _ray_connected(address: str | None) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    # no address: a new local instance ("local"), not whatever cluster an earlier
+    # `ray start` on this machine left recorded in /tmp/ray
+    ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING)
     try:
         yield ray
     finally:

@@ -104,7 +104,6 @@ def parse_store_uri(uri: str) -> StoreURI:
     text = str(uri)
     try:
         parts = urlsplit(text)
-        parts.port  # noqa: B018 (urlsplit checks the port only when asked)
     except ValueError as error:
         raise InvalidInputError(f"not a valid store URI: {error}", param="uri") from None
     scheme = parts.scheme.lower()

@@ -42,7 +42,7 @@ STITCH = "minilm-to-mpnet"
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """One small local Ray cluster for the module, shut down after it."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 

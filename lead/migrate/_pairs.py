@@ -9,6 +9,11 @@ with integer ids pairs with one whose ids are the same numbers as text. Excluded
 a stitch was fitted on, when verifying it) are never drawn: ``n + len(exclude)`` ids are
 drawn, the excluded ones dropped and ``n`` of the rest kept at random, a uniform sample of
 the ids that are not excluded.
+
+Pairing by id needs each id once in a store, and a finite vector for it: an id drawn or
+listed twice, or a fetched vector holding NaN or infinity, is refused naming the id and
+the store (:func:`check_unique`, :func:`checked_vectors`). Only the rows read are checked;
+the store's full check (:meth:`~lead.migrate.stores.Source.check`) is ``apply``'s.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lead.errors import InvalidInputError, TooFewPairsError
+from lead.errors import InvalidInputError, NonFiniteError, TooFewPairsError
 from lead.migrate.stores import Source
 
-__all__ = ["Paired", "paired_sample"]
+__all__ = ["Paired", "check_unique", "checked_vectors", "paired_sample"]
 
 
 @dataclass(frozen=True)
@@ -61,22 +66,96 @@ def _as_kind(keys: Sequence[str], kind: str) -> np.ndarray | None:
         return None
 
 
-def _fetch_all(stores: Sequence[Source], keys: Sequence[str]) -> list[np.ndarray] | None:
-    """The vectors of ``keys`` in every store; None when a store lacks one of them."""
+def check_unique(keys: Sequence[str], name: str, store: Source) -> None:
+    """Refuse an id met twice among ``keys`` (drawn or listed from ``store``).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first repeated id and the store.
+    """
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise InvalidInputError(
+                f"id {key} appears more than once in the {name} store {store.info.uri}; ids "
+                "must be unique to pair vectors by id: remove the duplicates",
+                param=name,
+            )
+        seen.add(key)
+
+
+def checked_vectors(
+    vectors: np.ndarray, keys: Sequence[str], name: str, store: Source
+) -> np.ndarray:
+    """``vectors`` fetched from ``store`` for ``keys``, one finite row per id.
+
+    Parameters
+    ----------
+    vectors : ndarray of shape (n, d)
+    keys : sequence of str, length n
+        The ids asked for, in row order.
+
+    Returns
+    -------
+    ndarray of shape (n, d)
+        ``vectors`` itself.
+
+    Raises
+    ------
+    NonFiniteError
+        A row holding NaN or infinity, naming its id and the store.
+    InvalidInputError
+        Not one row per id (a store holding an id twice).
+    """
+    if vectors.ndim != 2 or vectors.shape[0] != len(keys):
+        raise InvalidInputError(
+            f"the {name} store {store.info.uri} returned {vectors.shape[0]} vectors for "
+            f"{len(keys)} ids: does it hold an id more than once? ids must be unique",
+            param=name,
+        )
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        first = keys[int(np.argmax(bad))]
+        raise NonFiniteError(
+            f"the vector of id {first} in the {name} store {store.info.uri} holds NaN or "
+            f"infinity ({int(bad.sum())} of the {len(keys)} sampled vectors do): fix or "
+            "remove those rows",
+            param=name,
+        )
+    return vectors
+
+
+def _fetch_all(
+    stores: Sequence[Source], names: Sequence[str], keys: Sequence[str]
+) -> list[np.ndarray] | None:
+    """The vectors of ``keys`` in every store; None when a store lacks one of them.
+
+    Raises
+    ------
+    InvalidInputError, NonFiniteError
+        As :func:`checked_vectors`.
+    """
     out = []
-    for store in stores:
+    for store, name in zip(stores, names, strict=True):
         ids = _as_kind(keys, store.info.id_kind)
         if ids is None:
             return None
         try:
-            out.append(store.fetch(ids))
+            vectors = store.fetch(ids)
+        except NonFiniteError:
+            raise
         except InvalidInputError:  # an id missing or NULL there
             return None
+        out.append(checked_vectors(np.asarray(vectors), keys, name, store))
     return out
 
 
-def _every_key(store: Source, seed: int) -> list[str]:
-    return _keys(store.sample_ids(store.info.rows, seed))
+def _every_key(store: Source, name: str, seed: int) -> list[str]:
+    """Every id of ``store`` with a vector (one pass); an id held twice is refused."""
+    keys = _keys(store.sample_ids(store.info.rows, seed))
+    check_unique(keys, name, store)
+    return keys
 
 
 def paired_sample(
@@ -118,30 +197,38 @@ def paired_sample(
     TooFewPairsError
         Fewer than ``minimum`` ids with a vector in every store and not excluded; the
         message names the rows of each store, the count in common and the count excluded.
+    InvalidInputError
+        An id drawn or listed twice from a store; a store that returns another number of
+        vectors than ids asked for.
+    NonFiniteError
+        A fetched vector holding NaN or infinity (naming its id and store).
     """
     order = sorted(range(len(stores)), key=lambda k: stores[k].info.rows)
     smallest = stores[order[0]]
     rows = [s.info.rows for s in stores]
     skip = set(exclude)
     include = [k for k in dict.fromkeys(include) if k not in skip]
-    drawn = [k for k in _keys(smallest.sample_ids(n + len(skip), seed)) if k not in skip]
+    drawn = _keys(smallest.sample_ids(n + len(skip), seed))
+    check_unique(drawn, names[order[0]], smallest)
+    drawn = [k for k in drawn if k not in skip]
     if len(drawn) > n:  # at most len(skip) were dropped: keep n of the rest at random
         pick = np.random.default_rng(seed).choice(len(drawn), size=n, replace=False)
         drawn = [drawn[i] for i in np.sort(pick)]
     wanted = list(drawn)
     if include:
-        present = set(_every_key(smallest, seed))
+        present = set(_every_key(smallest, names[order[0]], seed))
         seen = set(drawn)
         wanted += [k for k in include if k in present and k not in seen]
     if len(wanted) >= minimum:
-        vectors = _fetch_all(stores, wanted)
+        vectors = _fetch_all(stores, names, wanted)
         if vectors is not None:
             return Paired(wanted, vectors, rows, None)
     # some id is missing somewhere: list every store's ids and intersect them
-    shared = set(_every_key(stores[order[-1]], seed))
+    shared = set(_every_key(stores[order[-1]], names[order[-1]], seed))
     for k in order[1:-1]:
-        shared &= set(_every_key(stores[k], seed))
-    common = [k for k in _every_key(smallest, seed) if k in shared and k not in skip]
+        shared &= set(_every_key(stores[k], names[k], seed))
+    listed = _every_key(smallest, names[order[0]], seed)
+    common = [k for k in listed if k in shared and k not in skip]
     if len(common) < minimum:
         counts = ", ".join(f"{name} {r} rows" for name, r in zip(names, rows, strict=True))
         besides, hint = "", "check that the stores use the same ids"
@@ -160,7 +247,7 @@ def paired_sample(
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(rest), size=min(n, len(rest)), replace=False)
     wanted = [rest[i] for i in np.sort(pick)] + [k for k in common if k in judged]
-    vectors = _fetch_all(stores, wanted)
+    vectors = _fetch_all(stores, names, wanted)
     if vectors is None:  # the stores changed between the listing and the fetch
         raise InvalidInputError(
             "the stores changed while being sampled; run again", param=names[-1]

@@ -30,7 +30,7 @@ from lead.errors import (
     NonFiniteOutputError,
     TooFewPairsError,
 )
-from lead.migrate._pairs import Paired
+from lead.migrate._pairs import Paired, check_unique, checked_vectors
 from lead.migrate.stores import Source, require
 
 __all__ = [
@@ -272,6 +272,8 @@ def embedded_pairs(
     ------
     TooFewPairsError
         The source holds fewer than ``minimum`` rows with a vector.
+    InvalidInputError, NonFiniteError
+        An id drawn twice; a source vector holding NaN or infinity (naming the id).
     InvalidInputError, StoreNotFoundError
         As :meth:`~lead.migrate.stores.Source.texts` and :func:`load_model` raise them.
     """
@@ -285,13 +287,14 @@ def embedded_pairs(
             got=len(ids),
             param="source",
         )
+    keys = [str(k) for k in ids.tolist()]
+    check_unique(keys, "source", src)
     texts = src.texts(ids, text_column)
     encoder = load_model(model, device=device)
     native = embed_texts(encoder, texts, batch_size=batch_size, progress=progress)
-    vectors = src.fetch(ids)
+    vectors = checked_vectors(np.asarray(src.fetch(ids)), keys, "source", src)
     if save is not None:
         save = save_native(save, ids, native)
-    keys = [str(k) for k in ids.tolist()]
     record = {
         "model": model,
         "text_column": text_column,

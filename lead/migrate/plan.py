@@ -2,11 +2,14 @@
 
 The row count, dimension, NULL rows and id kind come from the store's metadata (a pgvector
 ``count(*)``, Parquet footers). Problems a migration would refuse (NULL vectors, NaN,
-duplicate ids, a dimension the stitch does not take) are listed rather than raised, so a
-plan always comes back. Time is estimated from one batch read and translated here (at most
-:data:`PROBE_ROWS` rows), scaled linearly to the table; the write side is assumed to cost
-what the read side did per byte, scaled by the output / input size. It is an estimate from
-a probe: ``apply``'s progress bar shows the real rate.
+duplicate ids, a dimension the stitch does not take, and all-zero vectors among the probe
+rows for a stitch fitted on unit-length vectors) are listed rather than raised, so a plan
+always comes back. Zero vectors are found in the probe batch only: the full check does not
+look for them, so ``apply`` may still stop at one further on. Time is estimated from one
+batch read and translated here (at most :data:`PROBE_ROWS` rows), scaled linearly to the
+table; the write side is assumed to cost what the read side did per byte, scaled by the
+output / input size. It is an estimate from a probe: ``apply``'s progress bar shows the
+real rate.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lead.errors import InvalidInputError, LeadError
+import numpy as np
+
+from lead.errors import InvalidInputError, LeadError, ZeroVectorError
 from lead.migrate.apply import check_dims, check_go
 from lead.migrate.stores import Source
 from lead.migrate.translator import Translator, describe
@@ -26,6 +31,8 @@ __all__ = ["PROBE_ROWS", "PlanResult", "run_plan"]
 PROBE_ROWS = 4096
 #: bytes per output value by target vector type
 _VALUE_BYTES = {"vector": 4, "float32": 4, "halfvec": 2, "float16": 2}
+#: zero-vector ids a problem names at most
+_SHOWN_IDS = 10
 #: pgvector stores a row with a 24-byte tuple header, an 8-byte id and a 4-byte vector header
 _ROW_OVERHEAD = 24 + 8 + 8
 
@@ -44,11 +51,14 @@ class PlanResult:
     output_bytes : int
         Estimated size of the translated vectors (values and per-row overhead), bytes.
     estimated_seconds : float or None
-        From a probe batch; None for an empty source.
+        From a probe batch; None for an empty source, or when no row of the probe batch
+        could be translated.
     probe : dict
-        ``rows``, ``read_rows_per_second``, ``translate_rows_per_second``.
+        ``rows``, ``read_rows_per_second``, ``translate_rows_per_second`` (absent when no
+        row could be translated).
     problems : list of str
-        What ``apply`` would refuse; empty when it can run.
+        What ``apply`` would refuse; empty when it can run. Zero vectors (for a stitch
+        fitted on unit-length vectors) are named by id among the probe rows only.
     """
 
     source: dict[str, Any]
@@ -133,7 +143,8 @@ def run_plan(
     probe: dict[str, Any] = {"rows": 0}
     estimate = None
     if rows and not problems:
-        probe, estimate = _probe(source, translator, rows)
+        probe, estimate, failed = _probe(source, translator, rows, column)
+        problems += failed
     source_info = {
         "uri": info.uri,
         "rows": info.rows,
@@ -147,7 +158,43 @@ def run_plan(
     )
 
 
-def _probe(source: Source, translator: Translator, rows: int) -> tuple[dict[str, Any], float]:
+def _timed(translator: Translator, vectors: np.ndarray) -> float:
+    started = time.perf_counter()
+    translator(vectors)
+    return time.perf_counter() - started
+
+
+def _zero_rows(vectors: np.ndarray, row: int) -> np.ndarray:
+    """(n,) bool: rows without a direction (all zeros, or only subnormal values) and the
+    row a :class:`~lead.errors.ZeroVectorError` named."""
+    tiny = np.finfo(np.float32).tiny
+    zero = np.asarray(np.abs(vectors).max(axis=1, initial=0.0) < tiny)
+    if 0 <= row < len(zero):
+        zero[row] = True
+    return zero
+
+
+def _zero_problem(ids: np.ndarray, probed: int, rows: int, column: str) -> str:
+    shown = ", ".join(str(i) for i in ids[:_SHOWN_IDS].tolist())
+    more = f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else ""
+    where = (
+        f"{len(ids)} of the {probed} rows"
+        if probed >= rows
+        else f"{len(ids)} of the first {probed} rows read; the other {rows - probed} were not "
+        "searched for them"
+    )
+    return (
+        f"the vectors of ids {shown}{more} in {column} are all zeros ({where}): the stitch was "
+        "fitted on unit-length vectors and cannot scale them, so apply would stop at the "
+        "first; remove them, or fill them with real vectors"
+    )
+
+
+def _probe(
+    source: Source, translator: Translator, rows: int, column: str
+) -> tuple[dict[str, Any], float | None, list[str]]:
+    """Read and translate one batch: the probe figures, the estimate (None when the batch
+    cannot be translated) and the problems met (zero vectors, named by id)."""
     started = time.perf_counter()
     batches = source.batches(PROBE_ROWS)
     try:
@@ -158,16 +205,28 @@ def _probe(source: Source, translator: Translator, rows: int) -> tuple[dict[str,
             stop()
     read = time.perf_counter() - started
     if batch is None or not len(batch.ids):
-        return {"rows": 0}, 0.0
-    started = time.perf_counter()
-    translator(batch.vectors)
-    translate = time.perf_counter() - started
+        return {"rows": 0}, 0.0, []
     n = len(batch.ids)
-    scale = translator.ref.d_out / max(translator.ref.d_in, 1)
-    per_row = (read + read * scale + translate) / n
-    probe = {
+    problems: list[str] = []
+    translate: float | None = None
+    try:
+        try:
+            translate = _timed(translator, batch.vectors)
+        except ZeroVectorError as error:
+            zero = _zero_rows(batch.vectors, error.row)
+            problems.append(_zero_problem(batch.ids[zero], n, rows, column))
+            if not zero.all():  # time the others, scaled to the whole batch
+                translate = _timed(translator, batch.vectors[~zero]) * n / int((~zero).sum())
+    except InvalidInputError as error:
+        problems.append(f"the first {n} rows of {column} cannot be translated: {error.message}")
+        translate = None
+    probe: dict[str, Any] = {
         "rows": n,
         "read_rows_per_second": round(n / max(read, 1e-9), 1),
-        "translate_rows_per_second": round(n / max(translate, 1e-9), 1),
     }
-    return probe, round(per_row * rows, 3)
+    if translate is None:
+        return probe, None, problems
+    scale = translator.ref.d_out / max(translator.ref.d_in, 1)
+    per_row = (read + read * scale + translate) / n
+    probe["translate_rows_per_second"] = round(n / max(translate, 1e-9), 1)
+    return probe, round(per_row * rows, 3), problems

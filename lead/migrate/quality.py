@@ -30,6 +30,11 @@ threshold                     default and why
 
 A threshold given as ``None`` is not checked. R² and the cosine baseline are exclusive
 (the value must be above them), every other threshold inclusive (at or above).
+
+``verify`` given the source store also checks that the migration is complete
+(:func:`completeness_check`, ``complete``): the target holds as many vectors as the
+source has rows with a vector, no fewer (rows not migrated) and no more (rows of
+something else).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ __all__ = [
     "Check",
     "RetrievalQueries",
     "check_thresholds",
+    "completeness_check",
     "evaluate",
     "retrieval_against_bound",
 ]
@@ -128,7 +134,11 @@ class Check:
     threshold : float
     exclusive : bool
         The value must be above the threshold (else at or above).
-    origin : {"given", "default", "baseline"}
+    origin : {"given", "default", "baseline", "source"}
+    equal : bool, default False
+        The value must equal the threshold (``exclusive`` is then ignored).
+    count : bool, default False
+        Value and threshold are counts: reported as integers.
     """
 
     name: str
@@ -137,29 +147,69 @@ class Check:
     threshold: float
     exclusive: bool
     origin: str
+    equal: bool = False
+    count: bool = False
 
     @property
     def passed(self) -> bool:
+        if self.equal:
+            return self.value == self.threshold
         return self.value > self.threshold if self.exclusive else self.value >= self.threshold
+
+    @property
+    def operator(self) -> str:
+        """``==``, ``>`` or ``>=``."""
+        return "==" if self.equal else ">" if self.exclusive else ">="
+
+    def _shown(self, x: float) -> str:
+        return f"{int(x)}" if self.count else f"{x:.4f}"
 
     def message(self) -> str:
         """``r2_score 0.317 > 0.000 (default): pass``."""
-        op = ">" if self.exclusive else ">="
         verdict = "pass" if self.passed else "FAIL"
         return (
-            f"{self.metric} {self.value:.4f} {op} {self.threshold:.4f} ({self.origin}): {verdict}"
+            f"{self.metric} {self._shown(self.value)} {self.operator} "
+            f"{self._shown(self.threshold)} ({self.origin}): {verdict}"
         )
 
     def as_dict(self) -> dict[str, Any]:
+        number = int if self.count else float
         return {
             "name": self.name,
             "metric": self.metric,
-            "value": self.value,
-            "threshold": self.threshold,
-            "operator": ">" if self.exclusive else ">=",
+            "value": number(self.value),
+            "threshold": number(self.threshold),
+            "operator": self.operator,
             "origin": self.origin,
             "passed": self.passed,
         }
+
+
+def completeness_check(target_vectors: int, source_vectors: int) -> Check:
+    """``complete``: the target holds one vector per source row with a vector.
+
+    Parameters
+    ----------
+    target_vectors : int
+        Rows of the target with a vector.
+    source_vectors : int
+        Rows of the source with a vector (its rows less its NULL ones).
+
+    Returns
+    -------
+    Check
+        ``target_vectors == source_vectors`` (origin ``source``).
+    """
+    return Check(
+        "complete",
+        "target_vectors",
+        float(target_vectors),
+        float(source_vectors),
+        exclusive=False,
+        origin="source",
+        equal=True,
+        count=True,
+    )
 
 
 def check_thresholds(

@@ -20,7 +20,10 @@ import numpy as np
 from lead.migrate.quality import Check
 
 __all__ = [
+    "MIN_HISTOGRAM_SPAN",
+    "ONE_BAR_WIDTH",
     "atomic_write",
+    "histogram_bins",
     "junit_xml",
     "markdown_report",
     "plot_cosines",
@@ -54,13 +57,44 @@ def write_json(path: Path, value: Any) -> Path:
     return write_text(path, json.dumps(value, indent=2, allow_nan=False) + "\n")
 
 
+#: Narrowest range of cosines drawn in several bins: cosines that all but agree (a target
+#: holding the native vectors themselves) would otherwise ask for bins narrower than float64
+#: resolves.
+MIN_HISTOGRAM_SPAN = 1e-3
+#: Width of the one bar that narrower cosines are drawn as, wide enough to see.
+ONE_BAR_WIDTH = 1e-2
+
+
+def histogram_bins(cosines: np.ndarray) -> tuple[int, tuple[float, float]]:
+    """The bins of the cosine histogram: their count and the range they cover.
+
+    Parameters
+    ----------
+    cosines : ndarray of shape (n,), n >= 1
+        Finite.
+
+    Returns
+    -------
+    bins : int
+        ``n // 10`` clipped to [10, 50]; 1 when the cosines span less than
+        :data:`MIN_HISTOGRAM_SPAN` (constant or near-constant cosines).
+    range : (float, float)
+        The cosines' range; for one bin, :data:`ONE_BAR_WIDTH` about its middle.
+    """
+    lo, hi = float(np.min(cosines)), float(np.max(cosines))
+    if hi - lo >= MIN_HISTOGRAM_SPAN:
+        return min(50, max(10, len(cosines) // 10)), (lo, hi)
+    middle = (lo + hi) / 2
+    return 1, (middle - ONE_BAR_WIDTH / 2, middle + ONE_BAR_WIDTH / 2)
+
+
 def plot_cosines(path: Path, cosines: np.ndarray, *, threshold: float | None = None) -> Path | None:
     """A histogram of per-vector cosines (translated against native), as PNG.
 
     Parameters
     ----------
     cosines : ndarray of shape (n,)
-        In [-1, 1].
+        In [-1, 1]; constant ones (every cosine 1.0) are drawn in one bar.
     threshold : float, optional
         Drawn as a vertical line (the mean-cosine threshold).
 
@@ -80,7 +114,8 @@ def plot_cosines(path: Path, cosines: np.ndarray, *, threshold: float | None = N
     figure = Figure(figsize=(6.4, 3.6), dpi=100)
     FigureCanvasAgg(figure)  # no pyplot: no global state, no display
     axes = figure.add_subplot()
-    axes.hist(cosines, bins=min(50, max(10, len(cosines) // 10)), color="#4c72b0")
+    bins, span = histogram_bins(cosines)
+    axes.hist(cosines, bins=bins, range=span, color="#4c72b0")
     mean = float(np.mean(cosines))
     p5 = float(np.percentile(cosines, 5))
     axes.axvline(mean, color="black", label=f"mean {mean:.3f}")
@@ -126,6 +161,11 @@ def _num(value: Any) -> str:
     return "–" if value is None else f"{float(value):.4f}"
 
 
+def _figure(value: Any) -> str:
+    """A count as an integer, any other figure as :func:`_num`."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else _num(value)
+
+
 def markdown_report(report: dict[str, Any]) -> str:
     """``report.md``: the verdict, the checks, the figures, retrieval and the worst ids."""
     verdict = "PASSED" if report["passed"] else "FAILED"
@@ -150,9 +190,9 @@ def markdown_report(report: dict[str, Any]) -> str:
                 [
                     f"`{c['name']}`",
                     c["metric"],
-                    _num(c["value"]),
+                    _figure(c["value"]),
                     c["operator"],
-                    _num(c["threshold"]),
+                    _figure(c["threshold"]),
                     c["origin"],
                     "pass" if c["passed"] else "**FAIL**",
                 ]

@@ -15,6 +15,11 @@ Native vectors of the ids the stitch was fitted on flatter every figure, so ``ex
 sampled, neither drawn nor joined as judged documents: every figure, retrieval included,
 is then measured on documents the stitch has not seen.
 
+Given the ``source`` store, verify also checks that the target is complete
+(:func:`~lead.migrate.quality.completeness_check`): as many vectors as the source has rows
+with a vector (its rows less its NULL ones), so a migration that stopped part-way, or a
+target of other rows, fails even when every sampled vector is right.
+
 The thresholds and their defaults are those of :mod:`lead.migrate.quality`. The report
 goes to ``report.json``, ``report.md`` and ``cosine.png`` in ``report_dir`` (and JUnit XML
 when asked), each written atomically; a failed check makes ``passed`` false and
@@ -40,12 +45,13 @@ from lead.migrate.quality import (
     Check,
     RetrievalQueries,
     check_thresholds,
+    completeness_check,
     evaluate,
     retrieval_against_bound,
 )
 from lead.migrate.registry import open_source
 from lead.migrate.report import junit_xml, markdown_report, plot_cosines, write_json, write_text
-from lead.migrate.stores import parse_store_uri
+from lead.migrate.stores import Source
 from lead.scorecard import core_scores
 
 __all__ = ["WORST_ROWS", "VerifyResult", "run_verify"]
@@ -110,8 +116,47 @@ def _figures(
     return scores, baseline, distribution, cosines
 
 
-def _redacted(uri: str | None) -> str | None:
-    return None if uri is None else parse_store_uri(uri).uri
+def _vectors(store: Source) -> int:
+    """Rows of ``store`` with a vector: from its metadata, else by listing them (one pass)."""
+    if store.info.null_rows is not None:
+        return store.info.rows - store.info.null_rows
+    return len(store.sample_ids(store.info.rows, 0))
+
+
+def _writable_folder(path: Path, param: str, what: str, flag: str) -> None:
+    """Refuse a path that is a file, or under one, where a folder is wanted."""
+    for place in (path, *path.parents):
+        if place.is_dir():
+            return
+        if place.exists() or place.is_symlink():
+            raise InvalidInputError(
+                f"{place} is a file, not a folder: give a folder for {what} ({param}, {flag})",
+                param=param,
+            )
+
+
+def _check_outputs(folder: Path, junit: Path | None) -> None:
+    """Refuse report paths that cannot be written, before any store is read.
+
+    Raises
+    ------
+    InvalidInputError
+        ``report_dir`` (or a folder above it) is a file; a report file's name is a folder;
+        ``junit`` is a folder, or is under a file.
+    """
+    _writable_folder(folder, "report_dir", "report.json, report.md and cosine.png", "--report")
+    for name in (JSON_FILE, MARKDOWN_FILE, PLOT_FILE):
+        if (folder / name).is_dir():
+            raise InvalidInputError(
+                f"{folder / name} is a folder; the report writes a file there", param="report_dir"
+            )
+    if junit is not None:
+        if junit.is_dir():
+            raise InvalidInputError(
+                f"{junit} is a folder: give the JUnit XML file's path (junit, --junit)",
+                param="junit",
+            )
+        _writable_folder(junit.parent, "junit", "the JUnit XML file", "--junit")
 
 
 def run_verify(
@@ -126,6 +171,7 @@ def run_verify(
     report_dir: str | Path,
     junit: str | Path | None = None,
     exclude_ids: Sequence[str] | None = None,
+    complete: bool = True,
 ) -> VerifyResult:
     """Sample ids, compare translated with native vectors, check thresholds, write a report.
 
@@ -139,7 +185,8 @@ def run_verify(
         Random ids drawn from those in both stores (at least 4).
     seed : int, default 0
     source : str, optional
-        The store the migration read: with ``queries.source_queries``, it gives
+        The store the migration read: the target must hold as many vectors as it has rows
+        with a vector (``complete``); with ``queries.source_queries``, it gives
         source-native retrieval, the other half of the bound.
     queries : RetrievalQueries, optional
         Queries and judgments: retrieval over the sampled documents (their judged documents
@@ -155,6 +202,10 @@ def run_verify(
         Ids never sampled, matched by their text: those the stitch was fitted on
         (:func:`~lead.migrate.calibrate.fitted_ids`). Judged documents among them do not
         join the sample either, so retrieval is over unseen documents only.
+    complete : bool, default True
+        With ``source``: check that the target holds one vector per source row with a
+        vector (:func:`~lead.migrate.quality.completeness_check`); False skips it (a target
+        migrated from part of the source).
 
     Returns
     -------
@@ -165,7 +216,10 @@ def run_verify(
     ------
     InvalidInputError
         Bad thresholds, ``sample``, ``seed`` or ``exclude_ids`` (a single string); no judged
-        query among the sampled documents.
+        query among the sampled documents; ``report_dir`` a file or ``junit`` a folder
+        (checked before any store is read); an id held twice in a store (naming it).
+    NonFiniteError
+        A sampled vector holding NaN or infinity, naming its id and store.
     TooFewPairsError
         Fewer than 4 ids with a vector in every store and not excluded (naming their row
         counts).
@@ -200,6 +254,8 @@ def run_verify(
             "exclude_ids must be a list of ids, not a single string", param="exclude_ids"
         )
     excluded = list(dict.fromkeys(str(i) for i in exclude_ids or ()))
+    folder, junit = Path(report_dir), None if junit is None else Path(junit)
+    _check_outputs(folder, junit)
     use_source = source is not None and queries is not None and queries.source_queries is not None
     with ExitStack() as stack:
         stores = [
@@ -215,15 +271,22 @@ def run_verify(
                 got=stores[1].info.dim,
                 param="native",
             )
+        src = None if source is None else stack.enter_context(open_source(source))
         if use_source:
-            assert source is not None
-            stores.append(stack.enter_context(open_source(source)))
+            assert src is not None
+            stores.append(src)
             names.append("source")
         include = queries.judged_ids() if queries is not None else []
         paired = paired_sample(
             stores, names, sample, seed, minimum=MIN_PAIRS, include=include, exclude=excluded
         )
         uris = [s.info.uri for s in stores]
+        rows = dict(zip(names, paired.rows, strict=True))
+        first = []
+        if src is not None:
+            rows["source"] = src.info.rows
+            if complete:
+                first.append(completeness_check(_vectors(stores[0]), _vectors(src)))
     translated, native_vectors = paired.vectors[0], paired.vectors[1]
     scores, baseline, cosine, cosines = _figures(paired.ids, native_vectors, translated)
     retrieval = None
@@ -235,7 +298,7 @@ def run_verify(
             native_vectors,
             paired.vectors[2] if use_source else None,
         )
-    checks = evaluate(
+    checks = first + evaluate(
         limits,
         given,
         scores,
@@ -250,14 +313,14 @@ def run_verify(
         "passed": passed,
         "target": uris[0],
         "native": uris[1],
-        "source": uris[2] if use_source else _redacted(source),
+        "source": None if src is None else src.info.uri,
         "sample": {
             "requested": sample,
             "seed": seed,
             "pairs": len(paired.ids),
             "judged": sum(i in judged for i in paired.ids),
             "excluded": len(excluded),
-            "rows": dict(zip(names, paired.rows, strict=True)),
+            "rows": rows,
             "common": paired.common,
         },
         "checks": [c.as_dict() for c in checks],
@@ -266,7 +329,7 @@ def run_verify(
         "cosine": cosine,
         "retrieval": retrieval,
     }
-    return _write(report, checks, cosines, Path(report_dir), junit)
+    return _write(report, checks, cosines, folder, junit)
 
 
 def _write(
@@ -274,7 +337,7 @@ def _write(
     checks: list[Check],
     cosines: np.ndarray,
     folder: Path,
-    junit: str | Path | None,
+    junit: Path | None,
 ) -> VerifyResult:
     """Write the plot, the JSON, the Markdown and the JUnit files; the result."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -300,6 +363,6 @@ def _write(
         properties = {"target": report["target"], "native": report["native"]}
         properties["pairs"] = report["sample"]["pairs"]
         files["junit"] = junit_xml(
-            Path(junit), checks, suite="lead.migrate.verify", properties=properties
+            junit, checks, suite="lead.migrate.verify", properties=properties
         )
     return VerifyResult(report["passed"], checks, report, files)

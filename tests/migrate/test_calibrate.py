@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from lead.artifacts import load_stitch
-from lead.errors import ConflictError, InvalidInputError, StitchFormatError, TooFewPairsError
+from lead.errors import (
+    ConflictError,
+    InvalidInputError,
+    NonFiniteError,
+    StitchFormatError,
+    TooFewPairsError,
+)
 from lead.migrate.calibrate import fitted_ids, min_pairs, run_calibrate
 from lead.migrate.quality import check_thresholds
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
@@ -171,3 +177,59 @@ def test_fitted_ids_of_other_stitches(minilm_table, scifact_small, tmp_path):
     (tmp_path / "old" / "config.json").write_text(json.dumps(config))
     with pytest.raises(StitchFormatError, match="calibrate the stitch again"):
         fitted_ids(tmp_path / "old")
+
+
+def _with_duplicate(ids: np.ndarray, copy_of: int, row: int) -> np.ndarray:
+    """``ids`` with ``ids[row]`` replaced by ``ids[copy_of]``: that id held twice."""
+    out = ids.copy()
+    out[row] = out[copy_of]
+    return out
+
+
+@pytest.mark.parametrize("found", ["drawn", "listed"])
+def test_a_duplicate_source_id_is_refused_naming_it_and_the_store(scifact_small, tmp_path, found):
+    ids = doc_ids(scifact_small)
+    minilm, mpnet = scifact_small.corpus["minilm"], scifact_small.corpus["mpnet"]
+    if found == "drawn":  # the smaller store, whose ids are all drawn (was an IndexError)
+        held = _with_duplicate(ids[NATIVE_ROWS], 1, 0)
+        source = write_parquet(tmp_path / "s.parquet", held, minilm[NATIVE_ROWS])
+        native = write_parquet(tmp_path / "n.parquet", ids, mpnet)
+    else:  # the larger store: an id the sample asks for is missing, the listing finds one twice
+        held = _with_duplicate(ids, int(NATIVE_ROWS[1]), int(NATIVE_ROWS[0]))
+        source = write_parquet(tmp_path / "s.parquet", held, minilm)
+        native = write_parquet(tmp_path / "n.parquet", ids[NATIVE_ROWS], mpnet[NATIVE_ROWS])
+    twice = ids[NATIVE_ROWS[1]]
+    with pytest.raises(InvalidInputError, match=f"id {twice} appears more than once in the source"):
+        run_calibrate(source, native, tmp_path / "stitch")
+    assert not (tmp_path / "stitch").exists()
+
+
+def test_a_duplicate_id_in_the_native_store_is_refused(scifact_small, tmp_path):
+    ids = doc_ids(scifact_small)[NATIVE_ROWS]
+    native = write_parquet(
+        tmp_path / "n.parquet",
+        _with_duplicate(ids, 7, 3),
+        scifact_small.corpus["mpnet"][NATIVE_ROWS],
+    )
+    source = write_parquet(
+        tmp_path / "s.parquet", doc_ids(scifact_small), scifact_small.corpus["minilm"]
+    )
+    with pytest.raises(
+        InvalidInputError, match=f"id {ids[7]} appears more than once in the native"
+    ):
+        run_calibrate(source, native, tmp_path / "stitch")
+
+
+@pytest.mark.parametrize("store", ["source", "native"])
+def test_a_nan_vector_is_refused_naming_its_id_and_store(scifact_small, tmp_path, store):
+    ids = doc_ids(scifact_small)
+    vectors = {
+        "source": scifact_small.corpus["minilm"].copy(),
+        "native": scifact_small.corpus["mpnet"].copy(),
+    }
+    row = int(NATIVE_ROWS[8])
+    vectors[store][row, 3] = np.nan
+    source = write_parquet(tmp_path / "s.parquet", ids, vectors["source"])
+    native = write_parquet(tmp_path / "n.parquet", ids[NATIVE_ROWS], vectors["native"][NATIVE_ROWS])
+    with pytest.raises(NonFiniteError, match=f"id {ids[row]} in the {store} store .*NaN"):
+        run_calibrate(source, native, tmp_path / "stitch")

@@ -12,10 +12,16 @@ import pytest
 
 from lead import migrate
 from lead.artifacts import read_stitch_config
-from lead.errors import InvalidInputError, ShapeMismatchError, TooFewPairsError
+from lead.errors import (
+    InvalidInputError,
+    NonFiniteError,
+    ShapeMismatchError,
+    TooFewPairsError,
+)
 from lead.migrate._pairs import paired_sample
 from lead.migrate.calibrate import fitted_ids, run_calibrate
 from lead.migrate.registry import open_source
+from lead.migrate.report import ONE_BAR_WIDTH, histogram_bins
 from lead.migrate.stores import with_params
 from lead.migrate.verify import run_verify
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
@@ -73,6 +79,7 @@ def test_verify_passes_after_apply_and_writes_the_report(migrated, scifact_small
     assert report["passed"] is True and report == result.report
     assert report["sample"]["pairs"] == 300 and report["sample"]["rows"]["target"] == 400
     assert [c["name"] for c in report["checks"]] == [
+        "complete",
         "min_r2",
         "min_mean_cosine",
         "min_top1",
@@ -94,8 +101,10 @@ def test_verify_passes_after_apply_and_writes_the_report(migrated, scifact_small
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "PASSED" in markdown and "retention" in markdown and cosine["worst"][0]["id"] in markdown
     assert (tmp_path / "report" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    complete = report["checks"][0]
+    assert (complete["value"], complete["operator"], complete["threshold"]) == (400, "==", 400)
     cases, failures = _junit(tmp_path / "junit.xml")
-    assert len(cases) == 4 and failures == []
+    assert len(cases) == 5 and failures == []
 
 
 def test_wrong_native_store_fails(migrated, tmp_path):
@@ -193,3 +202,124 @@ def test_excluding_every_native_id_is_too_few_pairs(migrated, scifact_small, tmp
     assert not (tmp_path / "r").exists()
     with pytest.raises(InvalidInputError, match="not a single string"):
         run_verify(migrated["target"], migrated["native"], exclude_ids="17", report_dir=tmp_path)
+
+
+@pytest.fixture
+def mpnet_file(scifact_small, tmp_path) -> str:
+    """All 400 mpnet vectors in Parquet: a target that holds the native vectors themselves."""
+    return write_parquet(
+        tmp_path / "ok.parquet", doc_ids(scifact_small), scifact_small.corpus["mpnet"]
+    )
+
+
+def test_identical_target_and_native_pass_with_a_plot(mpnet_file, tmp_path):
+    # every cosine is 1.0 (to float64 rounding): the histogram asked for bins of width 0
+    result = run_verify(mpnet_file, mpnet_file, source=mpnet_file, report_dir=tmp_path / "r")
+    assert result.passed and result.exit_code == 0, [c.message() for c in result.checks]
+    assert result.report["cosine"]["min"] == pytest.approx(1.0)
+    assert (tmp_path / "r" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "cosines",
+    [np.ones(400), np.array([1 - 8e-16, 1.0, 1.0]), np.array([0.7]), np.array([0.5, 0.5005])],
+)
+def test_near_constant_cosines_get_one_bar_that_numpy_can_draw(cosines):
+    bins, (lo, hi) = histogram_bins(cosines)
+    assert bins == 1 and hi - lo == pytest.approx(ONE_BAR_WIDTH)
+    counts, _ = np.histogram(cosines, bins=bins, range=(lo, hi))
+    assert counts.tolist() == [len(cosines)]
+
+
+def test_spread_cosines_keep_their_range_and_bins():
+    cosines = np.linspace(0.2, 0.95, 400)
+    assert histogram_bins(cosines) == (40, (0.2, 0.95))
+
+
+def test_report_paths_that_cannot_be_written_are_refused_first(mpnet_file, tmp_path):
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    for folder in (taken, taken / "below"):
+        with pytest.raises(InvalidInputError, match=f"{taken} is a file, not a folder"):
+            run_verify(mpnet_file, mpnet_file, report_dir=folder)
+    with pytest.raises(InvalidInputError, match="is a folder: give the JUnit"):
+        run_verify(mpnet_file, mpnet_file, report_dir=tmp_path / "r", junit=tmp_path)
+    assert taken.read_text() == "mine" and not (tmp_path / "r").exists()
+    # checked before any store is read: a missing store is not what is reported
+    with pytest.raises(InvalidInputError, match="is a file"):
+        run_verify(str(tmp_path / "none.parquet"), mpnet_file, report_dir=taken)
+
+
+def test_duplicate_ids_are_refused_naming_the_id_and_store(scifact_small, mpnet_file, tmp_path):
+    ids = doc_ids(scifact_small)
+    mpnet = scifact_small.corpus["mpnet"]
+    held = ids[NATIVE_ROWS].copy()
+    held[3] = held[7]  # the smaller store: every id is drawn (was an IndexError)
+    native = write_parquet(tmp_path / "n.parquet", held, mpnet[NATIVE_ROWS])
+    with pytest.raises(
+        InvalidInputError, match=f"id {held[7]} appears more than once in the native"
+    ):
+        run_verify(mpnet_file, native, report_dir=tmp_path / "r")
+    held = ids.copy()
+    held[NATIVE_ROWS[0]] = held[NATIVE_ROWS[1]]  # the larger store: found when listed
+    target = write_parquet(tmp_path / "t.parquet", held, mpnet)
+    native = write_parquet(tmp_path / "n2.parquet", ids[NATIVE_ROWS], mpnet[NATIVE_ROWS])
+    twice = ids[NATIVE_ROWS[1]]
+    with pytest.raises(InvalidInputError, match=f"id {twice} appears more than once in the target"):
+        run_verify(target, native, report_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("store", ["target", "native"])
+def test_a_nan_vector_is_refused_naming_its_id_and_store(scifact_small, tmp_path, store):
+    ids = doc_ids(scifact_small)
+    vectors = {k: scifact_small.corpus["mpnet"].copy() for k in ("target", "native")}
+    vectors[store][8, 5] = np.nan
+    uris = {k: write_parquet(tmp_path / f"{k}.parquet", ids, v) for k, v in vectors.items()}
+    with pytest.raises(NonFiniteError, match=f"id {ids[8]} in the {store} store .*NaN"):
+        run_verify(uris["target"], uris["native"], report_dir=tmp_path / "r")
+
+
+def test_a_target_missing_rows_of_the_source_fails_complete(scifact_small, mpnet_file, tmp_path):
+    ids = doc_ids(scifact_small)
+    part = write_parquet(tmp_path / "part.parquet", ids[:100], scifact_small.corpus["mpnet"][:100])
+    source = write_parquet(tmp_path / "src.parquet", ids, scifact_small.corpus["minilm"])
+    result = run_verify(
+        part, mpnet_file, source=source, report_dir=tmp_path / "r", junit=tmp_path / "j.xml"
+    )
+    # every sampled vector is right: only the count tells the migration stopped part-way
+    assert not result.passed and result.exit_code == 1
+    assert [c.name for c in result.checks if not c.passed] == ["complete"]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    complete = report["checks"][0]
+    assert (complete["name"], complete["value"], complete["threshold"]) == ("complete", 100, 400)
+    assert report["sample"]["rows"] == {"target": 100, "native": 400, "source": 400}
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "| `complete` | target_vectors | 100 | == | 400 | source | **FAIL** |" in markdown
+    _, failures = _junit(tmp_path / "j.xml")
+    assert [f.get("message") for f in failures] == ["target_vectors 100 == 400 (source): FAIL"]
+    # without the source, or with the check off, nothing counts the rows
+    assert run_verify(part, mpnet_file, report_dir=tmp_path / "r2").passed
+    off = run_verify(part, mpnet_file, source=source, complete=False, report_dir=tmp_path / "r3")
+    assert off.passed and "complete" not in {c.name for c in off.checks}
+
+
+def test_complete_counts_the_source_rows_with_a_vector(scifact_small, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = doc_ids(scifact_small)
+    minilm = scifact_small.corpus["minilm"]
+    rows = [None if i % 4 == 0 else minilm[i].tolist() for i in range(len(ids))]  # 100 NULL
+    vector = pa.list_(pa.float32(), minilm.shape[1])
+    pq.write_table(
+        pa.table({"id": pa.array(ids), "emb": pa.array(rows, type=vector)}), tmp_path / "s.parquet"
+    )
+    source = with_params(str(tmp_path / "s.parquet"), column="emb", id="id")
+    kept = np.arange(len(ids)) % 4 != 0
+    mpnet = scifact_small.corpus["mpnet"]
+    target = write_parquet(tmp_path / "t.parquet", ids[kept], mpnet[kept])
+    result = run_verify(target, target, source=source, report_dir=tmp_path / "r")
+    complete = result.checks[0]
+    assert (complete.name, complete.value, complete.threshold) == ("complete", 300, 300)
+    assert result.passed

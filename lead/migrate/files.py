@@ -2,20 +2,25 @@
 ``.safetensors`` in.
 
 A Parquet source is a file or a folder of ``*.parquet`` files (read in name order, row
-group by row group, through pyarrow): ``?column=NAME`` names the vector column (default:
-the only list-of-floats column), ``?id=NAME`` the id column (default ``id`` when there is
-one, else the row number). ``.npy`` and ``.safetensors[:tensor]`` sources are read by row
-range (:class:`lead.data.EmbeddingReader`); their ids are row numbers. A position is the
-number of source rows read.
+group by row group, each in slices of about the batch size through pyarrow, so memory
+follows the batch size, not the row group): ``?column=NAME`` names the vector column
+(default: the only list-of-floats column), ``?id=NAME`` the id column (default ``id`` when
+there is one, else the row number). Every file of a folder needs the vector and id columns
+of the first, of the same kinds. Integer ids must fit in int64. ``.npy`` and
+``.safetensors[:tensor]`` sources are read by row range (:class:`lead.data.EmbeddingReader`);
+their ids are row numbers. A position is the number of source rows read.
 
-A Parquet target is a folder: ``_lead_migration.json`` (what fills it), one
-``part-NNNNNN.parquet`` per batch (written to a temporary name, fsynced, renamed, so a
-part is whole or absent), each carrying the source position after it in its key-value
-metadata, and ``_SUCCESS`` when done. A run killed at any point resumes after the last
-part; pyarrow and every Parquet reader read the folder as one table (the dotted and
-underscored files are skipped). A run of ``--engine ray`` writes one part per partition
+A Parquet target is a folder, outside the source folder: ``_lead_migration.json`` (what
+fills it), one ``part-NNNNNN.parquet`` per batch (numbered from 0, in order; written to a
+temporary name, fsynced, renamed, so a part is whole or absent), each carrying the source
+position after it in its key-value metadata, and ``_SUCCESS`` when done. A run holds a lock
+on ``_lead.lock`` (``flock``) while it writes, so a second run into the same folder is
+refused; the kernel drops the lock of a killed run. A run killed at any point resumes after
+the last part; pyarrow and every Parquet reader read the folder as one table (the dotted
+and underscored files are skipped). A run of ``--engine ray`` writes one part per partition
 instead (N is the partition's index) and its plan in ``_lead_partitions.json``
-(:mod:`lead.migrate.partitions`).
+(:mod:`lead.migrate.partitions`); its driver holds the lock, its workers write their parts
+under it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ import numpy as np
 from lead.data import EmbeddingReader, parse_spec
 from lead.errors import (
     ConflictError,
+    DecodeError,
     InvalidInputError,
     NonFiniteError,
     ShapeMismatchError,
@@ -46,6 +52,7 @@ from lead.migrate.stores import (
     StoreURI,
     check_same_migration,
     ordered_texts,
+    parse_store_uri,
     require,
     with_params,
 )
@@ -56,6 +63,13 @@ MANIFEST, SUCCESS = "_lead_migration.json", "_SUCCESS"
 #: the partition plan of a run that fills the folder in partitions (``--engine ray``)
 PARTITIONS = "_lead_partitions.json"
 _POSITION_KEY = b"lead.position"
+#: the folder's lock file, held (``flock``) by the run that writes the folder
+LOCK = "_lead.lock"
+#: vectors read at once by a scan (check, fetch, sample): about this many bytes
+_READ_BYTES = 2 << 20
+#: the fewest rows read at once; the read buffer of a Parquet file (a page or so)
+_MIN_SLICE, _READ_BUFFER = 1024, 1 << 20
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def open_file_source(parsed: StoreURI) -> ArraySource | ParquetSource:
@@ -158,21 +172,60 @@ def _parquet_files(path: Path) -> list[Path]:
     return files
 
 
+def _read_footer(file: Path) -> Any:
+    """The Parquet metadata of ``file``.
+
+    Raises
+    ------
+    DecodeError
+        Not a Parquet file, or a damaged one.
+    """
+    pa = require("pyarrow", "arrow")
+    pq = require("pyarrow.parquet", "arrow")
+    try:
+        return pq.read_metadata(file)
+    except (pa.ArrowException, OSError) as error:
+        raise DecodeError(
+            f"{file} is not a readable Parquet file ({error})", param="source"
+        ) from None
+
+
+def _is_vector_type(kind: Any) -> bool:
+    """A list, large list or fixed-size list of numbers: one vector per row."""
+    pa = require("pyarrow", "arrow")
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if not (listed or pa.types.is_fixed_size_list(kind)):
+        return False
+    return bool(pa.types.is_floating(kind.value_type) or pa.types.is_integer(kind.value_type))
+
+
+def _id_kind(kind: Any) -> str | None:
+    """``int`` or ``str`` for an id column of this type, None for another type."""
+    pa = require("pyarrow", "arrow")
+    if pa.types.is_integer(kind):
+        return "int"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    return None
+
+
 def _vector_column(schema: Any, wanted: str | None, where: str) -> str:
     pa = require("pyarrow", "arrow")
     if wanted:
         if wanted not in schema.names:
             raise StoreNotFoundError(f"{where} has no column {wanted!r}", param="column")
+        kind = schema.field(wanted).type
+        if not _is_vector_type(kind):
+            raise InvalidInputError(
+                f"column {wanted!r} of {where} is {kind}, not a list of numbers (one vector "
+                "per row); name the vector column with ?column=NAME",
+                param="column",
+            )
         return wanted
     lists = [
         f.name
         for f in schema
-        if (
-            pa.types.is_list(f.type)
-            or pa.types.is_fixed_size_list(f.type)
-            or pa.types.is_large_list(f.type)
-        )
-        and pa.types.is_floating(f.type.value_type)
+        if _is_vector_type(f.type) and pa.types.is_floating(f.type.value_type)
     ]
     if len(lists) != 1:
         raise InvalidInputError(
@@ -183,11 +236,48 @@ def _vector_column(schema: Any, wanted: str | None, where: str) -> str:
     return str(lists[0])
 
 
+def _check_same_columns(
+    files: list[Path], metas: list[Any], columns: dict[str, Callable[[Any], object]]
+) -> None:
+    """Refuse a file without one of ``columns`` ({name: kind of its type in the first
+    file}), or with another kind of type there.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the file, the column and both types.
+    """
+    first = metas[0].schema.to_arrow_schema()
+    for file, meta in zip(files[1:], metas[1:], strict=True):
+        schema = meta.schema.to_arrow_schema()
+        for name, kind_of in columns.items():
+            if name not in schema.names:
+                raise InvalidInputError(
+                    f"{file} has no column {name!r}, which {files[0]} has; every file of a "
+                    "folder needs the same vector and id columns",
+                    param="source",
+                )
+            kind, want = schema.field(name).type, first.field(name).type
+            if kind_of(kind) != kind_of(want):
+                raise InvalidInputError(
+                    f"column {name!r} is {kind} in {file} but {want} in {files[0]}; every "
+                    "file of a folder needs the same kinds of vector and id columns",
+                    param="source",
+                )
+
+
+def _leaf_index(meta: Any, column: str) -> int:
+    """The index of the Parquet leaf column under top-level column ``column``."""
+    for index in range(meta.num_columns):
+        path = meta.schema.column(index).path
+        if path == column or path.startswith(f"{column}."):
+            return index
+    return -1
+
+
 def _vectors(column: Any, dim: int | None, ids: np.ndarray, where: str) -> np.ndarray:
     """A list / fixed_size_list column (no nulls) as (m, d) float32."""
     pa = require("pyarrow", "arrow")
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type):
         width = column.type.list_size
     else:
@@ -215,47 +305,69 @@ def _vectors(column: Any, dim: int | None, ids: np.ndarray, where: str) -> np.nd
 
 
 class ParquetSource(Closing):
-    """Parquet file or folder, read row group by row group (see the module docstring)."""
+    """Parquet file or folder, read in slices of its row groups (see the module docstring).
+
+    Raises
+    ------
+    InvalidInputError
+        A parameter other than ``column`` and ``id``; a vector column that is not a list of
+        numbers, an id column neither integer nor string; files of a folder without the
+        first one's columns, or with other kinds of them.
+    StoreNotFoundError
+        No such column.
+    DecodeError
+        A file that is not Parquet.
+    """
 
     def __init__(self, path: Path, params: dict[str, str]) -> None:
-        pq = require("pyarrow.parquet", "arrow")
+        unused = sorted(set(params) - {"column", "id"})
+        if unused:
+            raise InvalidInputError(
+                f"{path}: a Parquet source takes ?column= and ?id=, not {', '.join(unused)}",
+                param="source",
+            )
         self.path, self.files = path, _parquet_files(path)
-        self._meta = [pq.ParquetFile(f) for f in self.files]
-        schema = self._meta[0].schema_arrow
-        self.column = _vector_column(schema, params.get("column"), str(path))
+        self._meta = [_read_footer(f) for f in self.files]
+        schema = self._meta[0].schema.to_arrow_schema()
+        self.column = _vector_column(schema, params.get("column"), str(self.files[0]))
         wanted_id = params.get("id")
         if wanted_id and wanted_id not in schema.names:
             raise StoreNotFoundError(f"{path} has no id column {wanted_id!r}", param="id")
         self.id_column = wanted_id or ("id" if "id" in schema.names else None)
-        rows = sum(m.metadata.num_rows for m in self._meta)
-        nulls = self._null_count()
         id_kind = "int"
         if self.id_column is not None:
-            pa = require("pyarrow", "arrow")
             kind = schema.field(self.id_column).type
-            if pa.types.is_integer(kind):
-                id_kind = "int"
-            elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-                id_kind = "str"
-            else:
+            id_kind = _id_kind(kind) or ""
+            if not id_kind:
                 raise InvalidInputError(
                     f"id column {self.id_column!r} of {path} is {kind}; ids must be integers "
                     "or strings",
                     param="id",
                 )
-        self._dim: int | None = None
-        first = next(self._groups(0), None)
-        dim = 0 if first is None else first[2].shape[1]
+        kinds: dict[str, Callable[[Any], object]] = {self.column: _is_vector_type}
+        if self.id_column is not None:
+            kinds[self.id_column] = _id_kind
+        _check_same_columns(self.files, self._meta, kinds)
+        rows = sum(m.num_rows for m in self._meta)
+        nulls = self._null_count()
+        column_type = schema.field(self.column).type
+        self._dim: int | None = getattr(column_type, "list_size", None)
+        if self._dim is None:  # a list column: the length of the first vector
+            for _ in self._slices(0, size=_MIN_SLICE):
+                if self._dim is not None:
+                    break
+        dim = self._dim or 0
+        self._read_rows = max(64, _READ_BYTES // (4 * max(dim, 1)))
         uri = with_params(str(path), column=self.column, id=self.id_column)
         self.info = SourceInfo(uri, rows, dim, id_kind, nulls)
 
     def _null_count(self) -> int | None:
         total = 0
         for meta in self._meta:
-            index = meta.schema_arrow.get_field_index(self.column)
-            for g in range(meta.metadata.num_row_groups):
+            index = _leaf_index(meta, self.column)
+            for g in range(meta.num_row_groups):
                 # the leaf column of a list: its statistics count null lists and null values
-                stats = meta.metadata.row_group(g).column(index).statistics
+                stats = meta.row_group(g).column(index).statistics if index >= 0 else None
                 if stats is None or not stats.has_null_count:
                     return None
                 total += stats.null_count
@@ -264,42 +376,74 @@ class ParquetSource(Closing):
     def row_groups(self) -> list[list[int]]:
         """Rows of each row group of each file, in reading order (files in name order)."""
         return [
-            [meta.metadata.row_group(g).num_rows for g in range(meta.metadata.num_row_groups)]
-            for meta in self._meta
+            [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] for meta in self._meta
         ]
 
-    def _groups(
-        self, start: int, stop: int | None = None
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """(first row, ids, vectors, valid) per row group for rows ``start`` to ``stop``
-        (excluded; None: the end); the rows of NULL vectors are zeros with ``valid`` false."""
+    def _record_batches(
+        self, columns: list[str], start: int, stop: int | None, size: int
+    ) -> Iterator[tuple[int, Any]]:
+        """(first row, record batch of at most ``size`` rows) for rows ``start`` to ``stop``
+        (excluded; None: the end), reading each row group in slices.
+
+        Raises
+        ------
+        DecodeError
+            A damaged file.
+        """
         pa = require("pyarrow", "arrow")
+        pq = require("pyarrow.parquet", "arrow")
         offset = 0
+        for file, meta in zip(self.files, self._meta, strict=True):
+            if stop is not None and offset >= stop:
+                return
+            if offset + meta.num_rows <= start:
+                offset += meta.num_rows
+                continue
+            try:
+                # pages read as needed through a small buffer, not whole column chunks
+                with pq.ParquetFile(
+                    file, metadata=meta, buffer_size=_READ_BUFFER, pre_buffer=False
+                ) as reader:
+                    for g in range(meta.num_row_groups):
+                        at, offset = offset, offset + meta.row_group(g).num_rows
+                        if offset <= start or (stop is not None and at >= stop):
+                            continue
+                        for batch in reader.iter_batches(size, row_groups=[g], columns=columns):
+                            lo, hi = max(at, start), at + batch.num_rows
+                            hi = hi if stop is None else min(hi, stop)
+                            if hi > lo:
+                                yield lo, batch.slice(lo - at, hi - lo)
+                            at += batch.num_rows
+                            if stop is not None and at >= stop:
+                                break
+            except (pa.ArrowException, OSError) as error:
+                raise DecodeError(f"{file} is damaged: {error}", param="source") from None
+
+    def _slices(
+        self, start: int, stop: int | None = None, size: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(first row, ids, vectors, valid) per slice of at most ``size`` rows (default:
+        about 2 MiB of vectors) for rows ``start`` to ``stop`` (excluded; None: the end);
+        the rows of NULL vectors are zeros with ``valid`` false."""
+        pa = require("pyarrow", "arrow")
         columns = [self.column] + ([self.id_column] if self.id_column else [])
-        for meta in self._meta:
-            for g in range(meta.metadata.num_row_groups):
-                n = meta.metadata.row_group(g).num_rows
-                if stop is not None and offset >= stop:
-                    return
-                if offset + n <= start:
-                    offset += n
-                    continue
-                skip = max(0, start - offset)
-                end = n if stop is None else min(n, stop - offset)
-                table = meta.read_row_group(g, columns=columns).slice(skip, end - skip)
-                first = offset + skip
-                ids = self._ids(table, first)
-                column = table.column(self.column).combine_chunks()
+        for first, batch in self._record_batches(columns, start, stop, size or self._read_rows):
+            ids = self._ids(batch, first)
+            column = batch.column(self.column)
+            if column.null_count:
                 valid = np.asarray(column.is_valid(), dtype=bool)
-                good = _vectors(
-                    column.filter(pa.array(valid)), self._dim, ids[valid], str(self.path)
-                )
-                if self._dim is None:
-                    self._dim = good.shape[1]
-                vectors = np.zeros((table.num_rows, good.shape[1]), np.float32)
-                vectors[valid] = good
-                yield first, ids, vectors, valid
-                offset += n
+                column = column.filter(pa.array(valid))
+            else:
+                valid = np.ones(batch.num_rows, dtype=bool)
+            good = _vectors(column, self._dim, ids[valid], str(self.path))
+            if self._dim is None and len(good):
+                self._dim = good.shape[1]
+            if len(good) == batch.num_rows:
+                yield first, ids, good, valid
+                continue
+            vectors = np.zeros((batch.num_rows, self._dim or 0), np.float32)
+            vectors[valid] = good
+            yield first, ids, vectors, valid
 
     def check(self, *, skip_null: bool = False) -> None:
         """Read every row once: NULL vectors (unless ``skip_null``), NaN / infinity, mixed
@@ -310,7 +454,7 @@ class ParquetSource(Closing):
         InvalidInputError, NonFiniteError, ShapeMismatchError
         """
         seen: list[np.ndarray] = []
-        for _, ids, vectors, valid in self._groups(0):
+        for _, ids, vectors, valid in self._slices(0):
             seen.append(ids)
             if not valid.all() and not skip_null:
                 raise InvalidInputError(
@@ -338,24 +482,37 @@ class ParquetSource(Closing):
     def _ids(self, table: Any, first: int) -> np.ndarray:
         if not self.id_column:
             return np.arange(first, first + table.num_rows, dtype=np.int64)
-        if table.column(self.id_column).null_count:
+        column = table.column(self.id_column)
+        if column.null_count:
             raise InvalidInputError(
                 f"{self.path} holds NULL ids in {self.id_column!r}; every row needs an id",
                 param="id",
             )
-        ids = np.asarray(table.column(self.id_column).to_numpy(zero_copy_only=False))
+        ids = np.asarray(column.to_numpy(zero_copy_only=False))
+        if ids.dtype.kind == "u" and len(ids) and ids.max() > _INT64_MAX:
+            raise InvalidInputError(
+                f"id {ids[int(np.argmax(ids > _INT64_MAX))]} in {self.id_column!r} of "
+                f"{self.path} is beyond the int64 range (up to 2**63 - 1) that LEAD keeps "
+                "integer ids in",
+                param="id",
+            )
         return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
 
     def batches(self, batch_size: int, after: Any = None, until: Any = None) -> Iterator[Batch]:
         """Rows with a vector, in file and row order, after ``after`` source rows and up to
-        row ``until`` (None: the end)."""
+        row ``until`` (None: the end): batches of ``batch_size`` rows (the last one
+        fewer), read in slices of about that many rows."""
         pending_ids: list[np.ndarray] = []
         pending_vectors: list[np.ndarray] = []
         count, position = 0, int(after or 0)
         stop = None if until is None else int(until)
-        for first, ids, vectors, keep in self._groups(position, stop):
-            for lo in range(0, len(ids), batch_size):
-                hi = min(lo + batch_size, len(ids))
+        size = max(batch_size, _MIN_SLICE)
+        for first, ids, vectors, keep in self._slices(position, stop, size):
+            kept, lo = np.cumsum(keep), 0
+            while lo < len(ids):
+                # up to the row that completes the batch (NULL rows are not counted)
+                need = (kept[lo - 1] if lo else 0) + batch_size - count
+                hi = min(int(np.searchsorted(kept, need)) + 1, len(ids))
                 part = keep[lo:hi]
                 pending_ids.append(ids[lo:hi][part])
                 pending_vectors.append(vectors[lo:hi][part])
@@ -366,6 +523,7 @@ class ParquetSource(Closing):
                         np.concatenate(pending_ids), np.concatenate(pending_vectors), position
                     )
                     pending_ids, pending_vectors, count = [], [], 0
+                lo = hi
         if pending_ids and count:
             yield Batch(np.concatenate(pending_ids), np.concatenate(pending_vectors), position)
 
@@ -373,7 +531,7 @@ class ParquetSource(Closing):
         wanted = {k: i for i, k in enumerate(np.asarray(ids).tolist())}
         out = np.full((len(wanted), self.info.dim), np.nan, np.float32)
         found = np.zeros(len(wanted), bool)
-        for _, group_ids, vectors, valid in self._groups(0):
+        for _, group_ids, vectors, valid in self._slices(0):
             for j, key in enumerate(group_ids.tolist()):
                 i = wanted.get(key)
                 if i is not None and valid[j]:
@@ -387,7 +545,7 @@ class ParquetSource(Closing):
         return out
 
     def sample_ids(self, n: int, seed: int) -> np.ndarray:
-        every = [ids[valid] for _, ids, _, valid in self._groups(0)]
+        every = [ids[valid] for _, ids, _, valid in self._slices(0)]
         pool = np.concatenate(every) if every else np.empty(0, np.int64)
         rng = np.random.default_rng(seed)
         pick = rng.choice(len(pool), size=min(int(n), len(pool)), replace=False)
@@ -395,7 +553,7 @@ class ParquetSource(Closing):
 
     def texts(self, ids: np.ndarray, column: str) -> list[str]:
         """The string column ``column`` of these ids, in that order (reads the id and text
-        columns of every row group once).
+        columns of every row group once, in slices).
 
         Raises
         ------
@@ -407,7 +565,7 @@ class ParquetSource(Closing):
         """
         pa = require("pyarrow", "arrow")
         for file, meta in zip(self.files, self._meta, strict=True):
-            schema = meta.schema_arrow
+            schema = meta.schema.to_arrow_schema()
             if column not in schema.names:
                 raise StoreNotFoundError(f"{file} has no column {column!r}", param="text_column")
             kind = schema.field(column).type
@@ -419,14 +577,10 @@ class ParquetSource(Closing):
         wanted = set(np.asarray(ids).tolist())
         found: dict[Any, Any] = {}
         columns = [column] + ([self.id_column] if self.id_column else [])
-        offset = 0
-        for meta in self._meta:
-            for g in range(meta.metadata.num_row_groups):
-                table = meta.read_row_group(g, columns=columns)
-                keys = self._ids(table, offset).tolist()
-                values = table.column(column).to_pylist()
-                found.update((k, v) for k, v in zip(keys, values, strict=True) if k in wanted)
-                offset += table.num_rows
+        for first, batch in self._record_batches(columns, 0, None, _MIN_SLICE * 8):
+            keys = self._ids(batch, first).tolist()
+            values = batch.column(column).to_pylist()
+            found.update((k, v) for k, v in zip(keys, values, strict=True) if k in wanted)
         return ordered_texts(ids, found, str(self.path), column)
 
 
@@ -448,42 +602,119 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
     _fsync_dir(path.parent)
 
 
+def _own_temporary(name: str) -> bool:
+    """A temporary file LEAD writes in a target folder (a part or the manifest, before
+    their rename)."""
+    return name.startswith((".part-", f".{MANIFEST}.")) and name.endswith(".tmp")
+
+
+def _part_number(part: Path) -> int | None:
+    """N of ``part-N.parquet``; None for another name."""
+    digits = part.name[len("part-") : -len(".parquet")]
+    return int(digits) if digits.isdigit() else None
+
+
+def _read_manifest(manifest: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(manifest.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DecodeError(
+            f"{manifest} is damaged ({error}); remove the folder {manifest.parent} to start "
+            "the migration over",
+            param="target",
+        ) from None
+    if not isinstance(value, dict):
+        raise DecodeError(f"{manifest} is not a LEAD migration manifest", param="target")
+    return value
+
+
 class ParquetTarget(Closing):
     """A folder of Parquet parts, one per batch (see the module docstring).
 
     ``?column=NAME`` names the vector column (default ``embedding``); ids go in ``id``.
+
+    Raises
+    ------
+    InvalidInputError
+        Another parameter, or ``?column=id``.
     """
 
     def __init__(self, path: Path, params: dict[str, str]) -> None:
         require("pyarrow", "arrow")
+        unused = sorted(set(params) - {"column"})
+        if unused:
+            raise InvalidInputError(
+                f"{path}: a Parquet target takes only ?column=NAME (the vector column), not "
+                f"{', '.join(unused)}",
+                param="target",
+            )
         self.path = path
         self.column = params.get("column", "embedding")
+        if self.column in ("", "id"):
+            raise InvalidInputError(
+                f"{path}: the ids go in column 'id'; name the vector column otherwise "
+                "(?column=embedding)",
+                param="column",
+            )
         self.uri = str(path)
         self.dim, self.id_kind, self.parts = 0, "int", 0
+        self._lock_fd: int | None = None
 
     def open(
         self, spec: MigrationSpec, source: SourceInfo, *, partitioned: bool = False
     ) -> Progress:
-        """Create the folder and its manifest, or resume the migration it holds.
+        """Create the folder and its manifest, or resume the migration it holds; take the
+        folder's lock until :meth:`close`.
 
         ``partitioned``: the caller fills the folder partition by partition
         (:mod:`lead.migrate.partitions`); without it, a folder that such a run left
-        unfinished is refused.
+        unfinished is refused. A partitioned run's workers open the folder while its driver
+        holds the lock (the driver takes it again in
+        :meth:`~lead.migrate.partitions.ParquetPartitions.claim`).
 
         Raises
         ------
+        InvalidInputError
+            The folder is (inside) the source folder, or cannot be created or written.
         ConflictError
             A file (not a folder), a folder with other content, or another migration's;
-            an unfinished partitioned run opened without ``partitioned``.
+            another run writing the folder; an unfinished partitioned run opened without
+            ``partitioned``.
+        DecodeError
+            A damaged manifest or part.
         """
         self.dim, self.id_kind = spec.dim, spec.id_kind
+        self._refuse_inside(source)
+        for folder in (self.path, *self.path.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise ConflictError(
+                        f"{folder} exists and is not a folder; a Parquet target is a folder",
+                        param="target",
+                    )
+                break
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            locked = self._lock()
+        except OSError as error:
+            raise InvalidInputError(
+                f"cannot create or lock the target folder {self.path}: "
+                f"{error.strerror or error}; choose a folder you can write to",
+                param="target",
+            ) from None
+        if not locked and not (partitioned and (self.path / PARTITIONS).is_file()):
+            raise self._busy()
+        try:
+            return self._open(spec, partitioned)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, spec: MigrationSpec, partitioned: bool) -> Progress:
         want = {**spec.as_dict(), "column": self.column}
         manifest = self.path / MANIFEST
-        if self.path.exists() and not self.path.is_dir():
-            raise ConflictError(f"{self.path} exists and is not a folder", param="target")
         if manifest.is_file():
-            have = json.loads(manifest.read_text())
-            check_same_migration(str(self.path), want, have)
+            check_same_migration(str(self.path), want, _read_manifest(manifest))
             # a partitioned run's workers open the folder while others write their parts
             progress = self._progress(clean=not partitioned)
             if not partitioned and not progress.done and (self.path / PARTITIONS).is_file():
@@ -493,29 +724,110 @@ class ParquetTarget(Closing):
                     param="target",
                 )
             return progress
-        if self.path.is_dir() and any(self.path.iterdir()):
+        # a run killed before its manifest landed leaves LEAD's own files only
+        left = [p for p in self.path.iterdir() if p.name != LOCK]
+        if not all(_own_temporary(p.name) for p in left):
             raise ConflictError(
                 f"{self.path} exists with other content; choose a new or empty folder",
                 param="target",
             )
-        self.path.mkdir(parents=True, exist_ok=True)
-        _write_json(manifest, want)
+        for stale in left:
+            stale.unlink(missing_ok=True)
+        try:
+            _write_json(manifest, want)
+        except OSError as error:
+            raise InvalidInputError(
+                f"cannot write to the target folder {self.path}: {error.strerror or error}",
+                param="target",
+            ) from None
         return Progress()
 
+    def _refuse_inside(self, source: SourceInfo) -> None:
+        """Refuse a folder that is the source folder or inside it (its parts would be read
+        as source rows), before anything is written."""
+        try:
+            parsed = parse_store_uri(source.uri)
+        except InvalidInputError:
+            return
+        origin = parse_spec(parsed.path)[0] if parsed.scheme == "file" else None
+        if origin is None or not origin.is_dir():
+            return
+        here, origin = self.path.resolve(), origin.resolve()
+        if here == origin or origin in here.parents:
+            raise InvalidInputError(
+                f"the target {self.path} is inside the source folder {origin}; its parts "
+                "would be read as source rows: choose a target outside the source folder",
+                param="target",
+            )
+
+    def _busy(self) -> ConflictError:
+        return ConflictError(
+            f"{self.path} is being written: another apply is writing it; wait until it "
+            "ends, or choose another target",
+            param="target",
+        )
+
+    def _lock(self) -> bool:
+        """Take the folder's lock (held until :meth:`close`); False when another run
+        holds it."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return True
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        return True
+
+    def lock(self) -> None:
+        """Hold the folder's lock until :meth:`close` (what a partitioned run's driver
+        does before it records its plan).
+
+        Raises
+        ------
+        ConflictError
+            Another run holds it.
+        """
+        if not self._lock():
+            raise self._busy()
+
+    def close(self) -> None:
+        """Let go of the folder's lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     def _part_files(self) -> list[Path]:
-        return sorted(self.path.glob("part-*.parquet"))
+        """The parts in the order written, by number (``part-1000000`` after ``999999``)."""
+        parts = [p for p in self.path.glob("part-*.parquet") if _part_number(p) is not None]
+        return sorted(parts, key=lambda p: _part_number(p) or 0)
 
     def _progress(self, *, clean: bool = True) -> Progress:
+        pa = require("pyarrow", "arrow")
         pq = require("pyarrow.parquet", "arrow")
         if clean:
             self.remove_unfinished_parts()
         parts = self._part_files()
-        self.parts = len(parts)
+        self.parts = (_part_number(parts[-1]) or 0) + 1 if parts else 0
         done = (self.path / SUCCESS).is_file()
         if not parts:
             return Progress(done=done)
-        metas = [pq.read_metadata(part) for part in parts]
-        state = json.loads((metas[-1].metadata or {})[_POSITION_KEY])
+        try:
+            metas = [pq.read_metadata(part) for part in parts]
+            state = json.loads((metas[-1].metadata or {})[_POSITION_KEY])
+        except (pa.ArrowException, OSError, KeyError, ValueError) as error:
+            raise DecodeError(
+                f"a part in {self.path} is damaged or not LEAD's ({error!r}); remove the "
+                "folder to start the migration over",
+                param="target",
+            ) from None
         return Progress(state["position"], sum(m.num_rows for m in metas), done)
 
     def remove_unfinished_parts(self) -> None:

@@ -214,6 +214,7 @@ class ParquetPartitions:
         self.path = target.path
 
     def claim(self, plan: list[Partition], progress: Progress) -> list[Partition]:
+        self.target.lock()  # the driver's: its workers write their parts under it
         self.target.remove_unfinished_parts()
         stored = self.path / PARTITIONS
         if stored.is_file():

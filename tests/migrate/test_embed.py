@@ -22,7 +22,7 @@ from lead import migrate
 from lead.artifacts import load_stitch
 from lead.cli import main
 from lead.errors import ConflictError, InvalidInputError, StoreNotFoundError
-from lead.migrate.calibrate import fitted_ids, run_calibrate
+from lead.migrate.calibrate import run_calibrate
 from lead.migrate.embed import _sample
 from lead.migrate.registry import open_source
 from lead.migrate.translator import LocalTranslator
@@ -131,11 +131,7 @@ def test_cli_embeds_the_sample_with_the_new_model(
     # 64 fitted pairs of 384-d: a no-go stitch, used here only to check verify reads the file
     migrate.apply(parquet_store, str(target), str(stitch), allow_no_go=True, progress=False)
     verified = migrate.verify(
-        str(target),
-        str(native),
-        sample=80,
-        report_dir=tmp_path / "report",
-        exclude_ids=fitted_ids(stitch),
+        None, str(target), str(native), stitch=stitch, sample=80, report_dir=tmp_path / "report"
     )
     report = verified.as_dict()
     assert report["sample"]["pairs"] == 16 and report["sample"]["excluded"] == 64

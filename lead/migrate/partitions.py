@@ -14,7 +14,9 @@ Each partition lands whole or not at all, together with the marker that says it 
 * a pgvector target (:class:`~lead.migrate.pgvector.PgVectorTarget`) gets the rows of a
   partition in one transaction that also marks the partition's row of
   ``lead_migration_partitions`` done, after locking that row (``SELECT ... FOR UPDATE``),
-  so a partition run twice at once (a retried task) lands once.
+  so a partition run twice at once (a retried task) lands once. The driver records the
+  plan under the target's advisory lock (:meth:`~lead.migrate.pgvector.PgVectorTarget.lock`),
+  held for the run, so a second apply is refused; its workers write without it.
 
 A resumed run skips the partitions that are done, so each row is written exactly once. When
 all are done, the caller finishes the target as the in-process engine does

@@ -14,7 +14,9 @@ Each partition lands whole or not at all, together with the marker that says it 
 * a pgvector target (:class:`~lead.migrate.pgvector.PgVectorTarget`) gets the rows of a
   partition in one transaction that also marks the partition's row of
   ``lead_migration_partitions`` done, after locking that row (``SELECT ... FOR UPDATE``),
-  so a partition run twice at once (a retried task) lands once.
+  so a partition run twice at once (a retried task) lands once. The driver records the
+  plan under the target's advisory lock (:meth:`~lead.migrate.pgvector.PgVectorTarget.lock`),
+  held for the run, so a second apply is refused; its workers write without it.
 
 A resumed run skips the partitions that are done, so each row is written exactly once. When
 all are done, the caller finishes the target as the in-process engine does
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lead.errors import ConflictError, InvalidInputError
+from lead.migrate._pg import errors_of
 from lead.migrate.apply import _read_ahead, _translate
 from lead.migrate.files import PARTITIONS, ParquetSource, ParquetTarget, _write_json
 from lead.migrate.pgvector import PgVectorSource, PgVectorTarget
@@ -259,11 +262,17 @@ class PgVectorPartitions:
         return self.target._sql(template, parts=self.target.parts_table)
 
     def claim(self, plan: list[Partition], progress: Progress) -> list[Partition]:
+        with errors_of(self.target.uri):
+            return self._claim(plan, progress)
+
+    def _claim(self, plan: list[Partition], progress: Progress) -> list[Partition]:
         from psycopg.types.json import Jsonb
 
         key = self.target.key
-        with self.conn.transaction():
-            self.conn.execute(
+        self.target.lock()  # the driver's: its workers write under it
+        with self.target.writing() as cursor:  # a new target is created with the plan
+            self.target.bookkeeping_lock(cursor)
+            cursor.execute(
                 self._sql(
                     "CREATE TABLE IF NOT EXISTS {parts} (target text NOT NULL,"
                     " partition integer NOT NULL, after jsonb, until jsonb, rows bigint,"
@@ -271,7 +280,7 @@ class PgVectorPartitions:
                     " updated_at timestamptz DEFAULT now(), PRIMARY KEY (target, partition))"
                 )
             )
-            stored = self.conn.execute(
+            stored = cursor.execute(
                 self._sql(
                     "SELECT partition, after, until FROM {parts} WHERE target = %s "
                     "ORDER BY partition"
@@ -282,24 +291,29 @@ class PgVectorPartitions:
                 return [Partition(int(k), a, b) for k, a, b in stored]
             if progress.position is not None or progress.rows_written:
                 raise _in_process_refusal(self.target.uri)
-            with self.conn.cursor() as cursor:
-                cursor.executemany(
-                    self._sql(
-                        "INSERT INTO {parts} (target, partition, after, until) "
-                        "VALUES (%s, %s, %s, %s)"
-                    ),
-                    [(key, p.index, Jsonb(p.after), Jsonb(p.until)) for p in plan],
-                )
+            cursor.executemany(
+                self._sql(
+                    "INSERT INTO {parts} (target, partition, after, until) VALUES (%s, %s, %s, %s)"
+                ),
+                [(key, p.index, Jsonb(p.after), Jsonb(p.until)) for p in plan],
+            )
         return plan
 
     def done(self) -> dict[int, PartitionResult]:
-        rows = self.conn.execute(
-            self._sql("SELECT partition, rows, position FROM {parts} WHERE target = %s AND done"),
-            (self.target.key,),
-        ).fetchall()
+        with errors_of(self.target.uri):
+            rows = self.conn.execute(
+                self._sql(
+                    "SELECT partition, rows, position FROM {parts} WHERE target = %s AND done"
+                ),
+                (self.target.key,),
+            ).fetchall()
         return {int(k): PartitionResult(int(k), int(n), pos, True) for k, n, pos in rows}
 
     def write(self, partition: Partition, rows: Rows) -> PartitionResult:
+        with errors_of(self.target.uri):
+            return self._write(partition, rows)
+
+    def _write(self, partition: Partition, rows: Rows) -> PartitionResult:
         from psycopg.types.json import Jsonb
 
         key, index = self.target.key, partition.index

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from lead.errors import ShapeMismatchError, StoreError
+from lead.errors import InvalidInputError, ShapeMismatchError, StoreError
 from lead.migrate.stores import Batch
 
-__all__ = ["COPY_HEADER", "COPY_TRAILER", "CopyParser", "copy_rows", "row_dtype"]
+__all__ = ["COPY_HEADER", "COPY_TRAILER", "CopyParser", "copy_rows", "fetch_copy", "row_dtype"]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 COPY_TRAILER = struct.pack(">h", -1)
@@ -182,3 +182,44 @@ def copy_rows(ids: np.ndarray, vectors: np.ndarray, value: str, int_ids: bool) -
         ]
     parts.append(COPY_TRAILER)
     return b"".join(parts)
+
+
+def fetch_copy(
+    conn: Any,
+    table: Any,
+    column: Any,
+    ident: Any,
+    ids: np.ndarray,
+    name: str,
+    int_ids: bool,
+    value: str,
+    dim: int,
+) -> np.ndarray:
+    """Vectors of ``ids`` in that order, by one binary COPY.
+
+    Raises
+    ------
+    InvalidInputError
+        An id without a vector (missing, or NULL).
+    """
+    from psycopg import sql
+
+    keys = [int(i) for i in ids] if int_ids else [str(i) for i in ids]
+    query = sql.SQL(
+        "COPY (SELECT {ident}, {col} FROM {tbl} WHERE {ident} = ANY({keys}) "
+        "AND {col} IS NOT NULL) TO STDOUT (FORMAT BINARY)"
+    ).format(ident=ident, col=column, tbl=table, keys=sql.Literal(keys))
+    parser = CopyParser(int_ids, value, dim, name)
+    with conn.cursor() as cursor, cursor.copy(query) as copy:
+        for chunk in copy:
+            parser.feed(chunk)
+    found = parser.take(parser.rows_ready()) if parser.rows_ready() else None
+    index = {} if found is None else {k: i for i, k in enumerate(found.ids.tolist())}
+    missing = [k for k in keys if k not in index]
+    if missing:
+        raise InvalidInputError(
+            f"{len(missing)} ids have no vector in {name} (the first: {missing[0]!r})",
+            param="ids",
+        )
+    assert found is not None
+    return found.vectors[[index[k] for k in keys]]

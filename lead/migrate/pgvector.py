@@ -7,11 +7,15 @@ parameter (``host=/path/to/socket``, ``sslmode``, ...) goes to libpq through psy
 
 Vectors travel as binary ``COPY`` both ways, parsed and built with NumPy (no Python object
 per value): the source is read in one ``COPY (SELECT id, C ... ORDER BY id) TO STDOUT``
-stream, resumed after the last id a target checkpointed. The target is a new table
+stream, resumed after the last id a target checkpointed. A source may be a table, a view,
+a materialized view or a foreign table. The target is a new table
 ``(id PRIMARY KEY, C vector(d))``, or a new column of an existing table (the source's own,
-say) filled by ``UPDATE ... FROM`` a staged batch. Each batch lands in one transaction
-with its checkpoint row in ``lead_migrations`` (same schema as the target), so a run
-killed at any point resumes exactly after the last committed batch.
+say) filled by ``UPDATE ... FROM`` a staged batch; its id column must be unique, and hold
+every source id (checked before anything is written). Each batch lands in one transaction
+with its checkpoint row in ``lead_migrations`` (same schema as the target), the first one
+also creating the table or column, so a run killed or refused at any point resumes exactly
+after the last committed batch, and one that wrote nothing leaves nothing. The writer holds
+a session advisory lock on the target table for the run: a second apply into it is refused.
 
 Binary formats: PostgreSQL's ``COPY BINARY`` (https://www.postgresql.org/docs/current/sql-copy.html),
 pgvector's ``vector_send`` / ``halfvec_send`` (int16 dim, int16 unused, then big-endian
@@ -25,110 +29,60 @@ from typing import Any
 
 import numpy as np
 
-from lead.errors import (
-    ConflictError,
-    InvalidInputError,
-    ShapeMismatchError,
-    StoreError,
-    StoreNotFoundError,
+from lead.errors import InvalidInputError, ShapeMismatchError, StoreNotFoundError
+from lead.migrate._pg import (
+    INT_IDS,
+    VALUE,
+    PgStore,
+    column_type,
+    connect,
+    duplicate_value,
+    ident,
+    lead_error,
+    psycopg_error,
+    relation_kind,
+    split,
+    store_errors,
 )
-from lead.migrate.pgcopy import CopyParser, copy_rows
-from lead.migrate.stores import (
-    Batch,
-    Closing,
-    MigrationSpec,
-    Progress,
-    SourceInfo,
-    StoreURI,
-    check_same_migration,
-    ordered_texts,
-    require,
-    with_params,
-)
+from lead.migrate.pgcopy import CopyParser, fetch_copy
+from lead.migrate.pgvector_target import CHECKPOINTS, PARTITIONS, PgVectorTarget
+from lead.migrate.stores import Batch, SourceInfo, StoreURI, ordered_texts, with_params
 
-__all__ = ["PgVectorSource", "PgVectorTarget"]
+__all__ = ["CHECKPOINTS", "PARTITIONS", "PgVectorSource", "PgVectorTarget"]
 
-_INT_IDS = {"int8": ">i8", "int4": ">i4", "int2": ">i2"}
 _TEXT_IDS = {"text", "varchar", "bpchar", "uuid", "name"}
 _TEXTS = {"text", "varchar", "bpchar"}
-_VALUE = {"vector": ">f4", "halfvec": ">f2"}
-CHECKPOINTS = "lead_migrations"
-#: the partition plan and done-markers of runs that fill a target in partitions (``--engine ray``)
-PARTITIONS = "lead_migration_partitions"
+#: what a source may be: a table, a view, a materialized view or a foreign table
+_READABLE = ("r", "p", "v", "m", "f")
 
 
-def _connect(parsed: StoreURI) -> Any:
-    psycopg = require("psycopg", "pgvector")
-    try:
-        return psycopg.connect(parsed.connect, autocommit=True)
-    except psycopg.OperationalError as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "refused"
-        raise StoreError(f"cannot connect to {parsed.uri}: {reason}", param="uri") from None
-
-
-def _psycopg_error() -> type[Exception]:
-    psycopg = require("psycopg", "pgvector")
-    error: type[Exception] = psycopg.Error
-    return error
-
-
-def _split(table: str) -> tuple[str, str]:
-    schema, _, name = table.rpartition(".")
-    return schema or "public", name
-
-
-def _ident(*names: str) -> Any:
-    from psycopg import sql
-
-    return sql.Identifier(*names)
-
-
-def _column_type(conn: Any, schema: str, table: str, column: str) -> tuple[str, int] | None:
-    """(type name, declared dimension or -1) of a column, None when there is none."""
-    row = conn.execute(
-        "SELECT t.typname, a.atttypmod FROM pg_attribute a "
-        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_type t ON t.oid = a.atttypid "
-        "WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0 "
-        "AND NOT a.attisdropped",
-        (schema, table, column),
-    ).fetchone()
-    return None if row is None else (str(row[0]), int(row[1]))
-
-
-def _table_exists(conn: Any, schema: str, table: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-        (schema, table),
-    ).fetchone()
-    return row is not None
-
-
-class PgVectorSource(Closing):
-    """A pgvector column read in id order (see the module docstring).
+class PgVectorSource(PgStore):
+    """A pgvector column of a table, view, materialized view or foreign table, read in id
+    order (see the module docstring).
 
     Raises
     ------
     StoreError
-        PostgreSQL cannot be reached or refuses the credentials.
+        PostgreSQL cannot be reached, refuses the credentials or the query.
     StoreNotFoundError
         No such table, column or id column.
     InvalidInputError
         The column is not ``vector`` / ``halfvec``; the id column is not an integer or
-        text; ``table`` is missing from the URI.
+        text; ``table`` is missing from the URI; a URI libpq cannot parse.
     """
 
+    @store_errors
     def __init__(self, parsed: StoreURI) -> None:
         self.parsed = parsed
+        self.where = parsed.uri
         table = parsed.params.get("table")
         if not table:
             raise InvalidInputError(f"{parsed.uri}: add ?table=NAME to the URI", param="table")
-        self.schema, self.table = _split(table)
+        self.schema, self.table = split(table)
         self.column = parsed.params.get("column", "embedding")
         self.id_column = parsed.params.get("id", "id")
         self.name = f"{table}.{self.column}"
-        self.conn = _connect(parsed)
+        self.conn = connect(parsed)
         try:
             self._describe(parsed, table)
         except BaseException:
@@ -136,33 +90,33 @@ class PgVectorSource(Closing):
             raise
 
     def _describe(self, parsed: StoreURI, table: str) -> None:
-        if not _table_exists(self.conn, self.schema, self.table):
+        if relation_kind(self.conn, self.schema, self.table) not in _READABLE:
             raise StoreNotFoundError(f"{parsed.uri}: no table {table!r}", param="table")
-        kind = _column_type(self.conn, self.schema, self.table, self.column)
+        kind = column_type(self.conn, self.schema, self.table, self.column)
         if kind is None:
             raise StoreNotFoundError(
                 f"{parsed.uri}: table {table!r} has no column {self.column!r}", param="column"
             )
-        if kind[0] not in _VALUE:
+        if kind[0] not in VALUE:
             raise InvalidInputError(
                 f"column {self.name} is {kind[0]}, not a pgvector vector or halfvec",
                 param="column",
             )
-        id_kind = _column_type(self.conn, self.schema, self.table, self.id_column)
+        id_kind = column_type(self.conn, self.schema, self.table, self.id_column)
         if id_kind is None:
             raise StoreNotFoundError(
                 f"{parsed.uri}: table {table!r} has no id column {self.id_column!r} "
                 "(name it with ?id=COLUMN)",
                 param="id",
             )
-        if id_kind[0] not in _INT_IDS and id_kind[0] not in _TEXT_IDS:
+        if id_kind[0] not in INT_IDS and id_kind[0] not in _TEXT_IDS:
             raise InvalidInputError(
                 f"id column {table}.{self.id_column} is {id_kind[0]}; ids must be integers or text",
                 param="id",
             )
         self.vector_type, self.id_type = kind[0], id_kind[0]
-        self._tbl = _ident(self.schema, self.table)
-        self._col, self._id = _ident(self.column), _ident(self.id_column)
+        self._tbl = ident(self.schema, self.table)
+        self._col, self._id = ident(self.column), ident(self.id_column)
         rows, nulls = self._query(
             "SELECT count(*), count(*) FILTER (WHERE {col} IS NULL) FROM {tbl}"
         ).fetchone()
@@ -177,7 +131,7 @@ class PgVectorSource(Closing):
             uri=with_params(parsed.uri, table=table, column=self.column, id=self.id_column),
             rows=int(rows),
             dim=int(dim),
-            id_kind="int" if self.id_type in _INT_IDS else "str",
+            id_kind="int" if self.id_type in INT_IDS else "str",
             null_rows=int(nulls),
             vector_type=self.vector_type,
         )
@@ -188,6 +142,7 @@ class PgVectorSource(Closing):
         query = sql.SQL(template).format(tbl=self._tbl, col=self._col, id=self._id)
         return self.conn.execute(query, params)
 
+    @store_errors
     def check(self, *, skip_null: bool = False) -> None:
         """Refuse NULL vectors (unless ``skip_null``), NULL or duplicate ids, mixed dimensions.
 
@@ -210,16 +165,13 @@ class PgVectorSource(Closing):
                 f"{self.table}.{self.id_column} holds NULL ids; every row needs an id",
                 param=self.id_column,
             )
-        if not self._has_unique_id():
-            dup = self._query(
-                "SELECT {id} FROM {tbl} GROUP BY {id} HAVING count(*) > 1 LIMIT 1"
-            ).fetchone()
-            if dup is not None:
-                raise InvalidInputError(
-                    f"id {dup[0]} appears more than once in {self.table}.{self.id_column}; "
-                    "ids must be unique",
-                    param=self.id_column,
-                )
+        dup = duplicate_value(self.conn, self.schema, self.table, self.id_column)
+        if dup is not None:
+            raise InvalidInputError(
+                f"id {dup} appears more than once in {self.table}.{self.id_column}; "
+                "ids must be unique",
+                param=self.id_column,
+            )
         if not self._declared_dim:
             other = self._query(
                 "SELECT {id}, vector_dims({col}) FROM {tbl} "
@@ -234,15 +186,6 @@ class PgVectorSource(Closing):
                     got=int(other[1]),
                     param=self.column,
                 )
-
-    def _has_unique_id(self) -> bool:
-        row = self.conn.execute(
-            "SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = i.indkey[0] WHERE i.indrelid = %s::regclass AND i.indisunique "
-            "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = %s",
-            (f'"{self.schema}"."{self.table}"', self.id_column),
-        ).fetchone()
-        return row is not None
 
     def _select(self, after: Any, limit: int | None = None, until: Any = None) -> Any:
         from psycopg import sql
@@ -264,7 +207,7 @@ class PgVectorSource(Closing):
         """The id as it travels: bigint for integer ids, text otherwise."""
         from psycopg import sql
 
-        cast = "bigint" if self.id_type in _INT_IDS else "text"
+        cast = "bigint" if self.id_type in INT_IDS else "text"
         return sql.SQL("{}::" + cast).format(self._id)
 
     def batches(self, batch_size: int, after: Any = None, until: Any = None) -> Iterator[Batch]:
@@ -274,12 +217,12 @@ class PgVectorSource(Closing):
         from psycopg import sql
 
         parser = CopyParser(
-            self.info.id_kind == "int", _VALUE[self.vector_type], self.info.dim, self.name
+            self.info.id_kind == "int", VALUE[self.vector_type], self.info.dim, self.name
         )
         copy_sql = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(
             self._select(after, until=until)
         )
-        conn = _connect(self.parsed)
+        conn = connect(self.parsed)
         stopped = False
         try:
             with conn.cursor() as cursor, cursor.copy(copy_sql) as copy:
@@ -296,12 +239,13 @@ class PgVectorSource(Closing):
                     stopped = True
                     conn.cancel_safe()
                     raise
-        except _psycopg_error() as error:
+        except psycopg_error() as error:
             if not stopped:
-                raise StoreError(f"reading {self.name} failed: {error}") from None
+                raise lead_error(error, f"reading {self.where}") from None
         finally:
             conn.close()
 
+    @store_errors
     def id_quantiles(self, count: int) -> list[Any]:
         """The ids that cut the rows with a vector into ``count`` ranges of about equal size
         (``percentile_disc`` over the id column, in the order :meth:`batches` reads); at
@@ -317,6 +261,7 @@ class PgVectorSource(Closing):
         kind = int if self.info.id_kind == "int" else str
         return list(dict.fromkeys(kind(c) for c in cuts or [] if c is not None))
 
+    @store_errors
     def fetch(self, ids: np.ndarray) -> np.ndarray:
         """Vectors of ``ids`` (in that order) as float32 (len(ids), dim).
 
@@ -325,7 +270,7 @@ class PgVectorSource(Closing):
         InvalidInputError
             An id missing from the table, or whose vector is NULL.
         """
-        return _fetch_copy(
+        return fetch_copy(
             self.conn,
             self._tbl,
             self._col,
@@ -333,10 +278,11 @@ class PgVectorSource(Closing):
             ids,
             self.name,
             self.info.id_kind == "int",
-            _VALUE[self.vector_type],
+            VALUE[self.vector_type],
             self.info.dim,
         )
 
+    @store_errors
     def sample_ids(self, n: int, seed: int) -> np.ndarray:
         """Up to ``n`` ids with a vector, a seeded random sample (ordered by a hash)."""
         from psycopg import sql
@@ -355,6 +301,7 @@ class PgVectorSource(Closing):
         values = [row[0] for row in self.conn.execute(query).fetchall()]
         return np.asarray(values, dtype=np.int64 if self.info.id_kind == "int" else object)
 
+    @store_errors
     def texts(self, ids: np.ndarray, column: str) -> list[str]:
         """The text column ``column`` of the same table for these ids, in that order (one
         query).
@@ -369,7 +316,7 @@ class PgVectorSource(Closing):
         """
         from psycopg import sql
 
-        kind = _column_type(self.conn, self.schema, self.table, column)
+        kind = column_type(self.conn, self.schema, self.table, column)
         if kind is None:
             raise StoreNotFoundError(
                 f"{self.parsed.uri}: table {self.table!r} has no column {column!r}",
@@ -383,313 +330,12 @@ class PgVectorSource(Closing):
         keys = [int(i) for i in ids] if int_ids else [str(i) for i in ids]
         query = sql.SQL("SELECT {ident}, {text} FROM {tbl} WHERE {ident} = ANY({keys})").format(
             ident=self._ident_sql(),
-            text=_ident(column),
+            text=ident(column),
             tbl=self._tbl,
             keys=sql.Literal(keys),
         )
         found = dict(self.conn.execute(query).fetchall())
         return ordered_texts(np.asarray(keys, dtype=object), found, self.table, column)
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-def _fetch_copy(
-    conn: Any,
-    table: Any,
-    column: Any,
-    ident: Any,
-    ids: np.ndarray,
-    name: str,
-    int_ids: bool,
-    value: str,
-    dim: int,
-) -> np.ndarray:
-    """Vectors of ``ids`` in that order, by one binary COPY.
-
-    Raises
-    ------
-    InvalidInputError
-        An id without a vector (missing, or NULL).
-    """
-    from psycopg import sql
-
-    keys = [int(i) for i in ids] if int_ids else [str(i) for i in ids]
-    query = sql.SQL(
-        "COPY (SELECT {ident}, {col} FROM {tbl} WHERE {ident} = ANY({keys}) "
-        "AND {col} IS NOT NULL) TO STDOUT (FORMAT BINARY)"
-    ).format(ident=ident, col=column, tbl=table, keys=sql.Literal(keys))
-    parser = CopyParser(int_ids, value, dim, name)
-    with conn.cursor() as cursor, cursor.copy(query) as copy:
-        for chunk in copy:
-            parser.feed(chunk)
-    found = parser.take(parser.rows_ready()) if parser.rows_ready() else None
-    index = {} if found is None else {k: i for i, k in enumerate(found.ids.tolist())}
-    missing = [k for k in keys if k not in index]
-    if missing:
-        raise InvalidInputError(
-            f"{len(missing)} ids have no vector in {name} (the first: {missing[0]!r})",
-            param="ids",
-        )
-    assert found is not None
-    return found.vectors[[index[k] for k in keys]]
-
-
-class PgVectorTarget(Closing):
-    """A new table, or a new column of an existing table, filled batch by batch.
-
-    See the module docstring. ``type=halfvec`` in the URI stores half precision.
-    """
-
-    def __init__(self, parsed: StoreURI) -> None:
-        self.parsed = parsed
-        table = parsed.params.get("table")
-        if not table:
-            raise InvalidInputError(f"{parsed.uri}: add ?table=NAME to the URI", param="table")
-        self.schema, self.table = _split(table)
-        self.column = parsed.params.get("column", "embedding")
-        self.id_column = parsed.params.get("id", "id")
-        self.vector_type = parsed.params.get("type", "vector")
-        if self.vector_type not in _VALUE:
-            raise InvalidInputError(
-                f"type={self.vector_type!r}: use vector or halfvec", param="type"
-            )
-        self.key = f"{self.schema}.{self.table}.{self.column}"
-        self.uri = with_params(parsed.uri, table=table, column=self.column)
-        self.conn = _connect(parsed)
-        self.new_table = True
-        self.id_kind = "int"
-        self.dim = 0
-
-    def _sql(self, template: str, **extra: Any) -> Any:
-        from psycopg import sql
-
-        names = {
-            "tbl": _ident(self.schema, self.table),
-            "col": _ident(self.column),
-            "id": _ident(self.id_column),
-            "ckpt": _ident(self.schema, CHECKPOINTS),
-            **extra,
-        }
-        return sql.SQL(template).format(**names)
-
-    def _checkpoint(self) -> tuple[dict[str, Any], Progress] | None:
-        if not _table_exists(self.conn, self.schema, CHECKPOINTS):
-            return None
-        row = self.conn.execute(
-            self._sql("SELECT spec, position, rows_written, done FROM {ckpt} WHERE target = %s"),
-            (self.key,),
-        ).fetchone()
-        if row is None:
-            return None
-        return row[0], Progress(row[1], int(row[2]), bool(row[3]))
-
-    def open(
-        self, spec: MigrationSpec, source: SourceInfo, *, partitioned: bool = False
-    ) -> Progress:
-        """Create the table or column with its checkpoint, or resume the same migration.
-
-        ``partitioned``: the caller fills the target partition by partition
-        (:mod:`lead.migrate.partitions`); without it, a target that such a run left
-        unfinished is refused.
-
-        Raises
-        ------
-        ConflictError
-            The table / column exists without this migration's checkpoint, or with another
-            migration's (naming the setting that differs); an unfinished partitioned run
-            opened without ``partitioned``.
-        InvalidInputError
-            ``source`` ids are text and the existing target table's id column is not.
-        """
-        from psycopg.types.json import Jsonb
-
-        self.dim, self.id_kind = spec.dim, spec.id_kind
-        want = spec.as_dict()
-        want["vector_type"] = self.vector_type
-        found = self._checkpoint()
-        if found is not None:
-            have, progress = found
-            check_same_migration(self.uri, want, have, ignore=("new_table",))
-            self.new_table = bool(have.get("new_table", True))
-            self._check_target_column()
-            if not partitioned and not progress.done and self._partitioned():
-                raise ConflictError(
-                    f"{self.uri} is being filled in partitions by `--engine ray`; resume it "
-                    "with --engine ray",
-                    param="target",
-                )
-            return progress
-        exists = _table_exists(self.conn, self.schema, self.table)
-        if exists and _column_type(self.conn, self.schema, self.table, self.column):
-            raise ConflictError(
-                f"{self.uri} exists already and was not made by a LEAD migration; choose a "
-                "new table or column",
-                param="target",
-            )
-        self.new_table = not exists
-        id_sql = "bigint" if spec.id_kind == "int" else "text"
-        type_sql = f"{self.vector_type}({int(spec.dim)})"
-        with self.conn.transaction():
-            self.conn.execute(
-                self._sql(
-                    "CREATE TABLE IF NOT EXISTS {ckpt} (target text PRIMARY KEY,"
-                    " spec jsonb NOT NULL, position jsonb, rows_written bigint NOT NULL DEFAULT 0,"
-                    " done boolean NOT NULL DEFAULT false, updated_at timestamptz DEFAULT now())"
-                )
-            )
-            if self.new_table:
-                self.conn.execute(
-                    self._sql(
-                        f"CREATE TABLE {{tbl}} ({{id}} {id_sql} PRIMARY KEY, {{col}} {type_sql})"
-                    )
-                )
-            else:
-                id_type = _column_type(self.conn, self.schema, self.table, self.id_column)
-                if id_type is None:
-                    raise StoreNotFoundError(
-                        f"{self.uri}: table {self.table!r} has no id column "
-                        f"{self.id_column!r} (name it with ?id=COLUMN)",
-                        param="id",
-                    )
-                if (spec.id_kind == "int") != (id_type[0] in _INT_IDS):
-                    raise InvalidInputError(
-                        f"the source's ids are {spec.id_kind}, {self.table}.{self.id_column} "
-                        f"is {id_type[0]}",
-                        param="id",
-                    )
-                self.conn.execute(self._sql(f"ALTER TABLE {{tbl}} ADD COLUMN {{col}} {type_sql}"))
-            want["new_table"] = self.new_table
-            self.conn.execute(
-                self._sql("INSERT INTO {ckpt} (target, spec) VALUES (%s, %s)"),
-                (self.key, Jsonb(want)),
-            )
-        return Progress()
-
-    def _check_target_column(self) -> None:
-        kind = _column_type(self.conn, self.schema, self.table, self.column)
-        if kind is None:
-            raise ConflictError(
-                f"{self.uri}: the checkpoint says LEAD made this column, but it is gone; "
-                f"delete its row from {CHECKPOINTS} to start again",
-                param="target",
-            )
-
-    def _partitioned(self) -> bool:
-        if not _table_exists(self.conn, self.schema, PARTITIONS):
-            return False
-        row = self.conn.execute(
-            self._sql("SELECT 1 FROM {parts} WHERE target = %s LIMIT 1", parts=self.parts_table),
-            (self.key,),
-        ).fetchone()
-        return row is not None
-
-    @property
-    def parts_table(self) -> Any:
-        """The identifier of the partitions table (:data:`PARTITIONS`) beside the target."""
-        return _ident(self.schema, PARTITIONS)
-
-    def write_rows(self, cursor: Any, ids: np.ndarray, vectors: np.ndarray) -> None:
-        """COPY the rows into the new table (or stage and UPDATE them into the new column),
-        inside the caller's transaction.
-
-        Parameters
-        ----------
-        cursor : psycopg.Cursor
-            A cursor of ``self.conn`` inside a transaction.
-        ids : ndarray of shape (m,)
-            int64, or object (str).
-        vectors : ndarray of shape (m, dim), float32
-
-        Raises
-        ------
-        StoreError
-            New-column mode: an id that is not a row of the table.
-        """
-        data = copy_rows(ids, vectors, _VALUE[self.vector_type], self.id_kind == "int")
-        if self.new_table:
-            with cursor.copy(
-                self._sql("COPY {tbl} ({id}, {col}) FROM STDIN (FORMAT BINARY)")
-            ) as copy:
-                copy.write(data)
-            return
-        id_sql = "bigint" if self.id_kind == "int" else "text"
-        type_sql = f"{self.vector_type}({self.dim})"
-        cursor.execute(
-            f"CREATE TEMP TABLE IF NOT EXISTS lead_stage (id {id_sql}, v {type_sql}) "
-            "ON COMMIT DELETE ROWS"
-        )
-        with cursor.copy("COPY lead_stage (id, v) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.write(data)
-        cast = "" if self.id_kind == "int" else "::text"
-        cursor.execute(
-            self._sql(
-                f"UPDATE {{tbl}} t SET {{col}} = s.v FROM lead_stage s WHERE t.{{id}}{cast} = s.id"
-            )
-        )
-        updated = cursor.rowcount
-        cursor.execute("TRUNCATE lead_stage")  # the next batch of this transaction starts empty
-        if updated != len(ids):
-            raise StoreError(
-                f"{self.uri}: {len(ids) - updated} of {len(ids)} ids of this batch are not "
-                f"rows of {self.table}",
-            )
-
-    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
-        """COPY the rows (or stage and UPDATE them) and move the checkpoint, in one transaction."""
-        from psycopg.types.json import Jsonb
-
-        with self.conn.transaction(), self.conn.cursor() as cursor:
-            self.write_rows(cursor, ids, vectors)
-            cursor.execute(
-                self._sql(
-                    "UPDATE {ckpt} SET position = %s, rows_written = %s, updated_at = now() "
-                    "WHERE target = %s"
-                ),
-                (Jsonb(progress.position), progress.rows_written, self.key),
-            )
-
-    def finish(self, progress: Progress) -> None:
-        from psycopg.types.json import Jsonb
-
-        self.conn.execute(
-            self._sql(
-                "UPDATE {ckpt} SET done = true, position = %s, rows_written = %s, "
-                "updated_at = now() WHERE target = %s"
-            ),
-            (Jsonb(progress.position), progress.rows_written, self.key),
-        )
-
-    def fetch(self, ids: np.ndarray) -> np.ndarray:
-        """Translated vectors of ``ids`` (float32, in that order).
-
-        Raises
-        ------
-        StoreNotFoundError
-            No such table or column.
-        InvalidInputError
-            An id without a translated vector.
-        """
-        from psycopg import sql
-
-        kind = _column_type(self.conn, self.schema, self.table, self.column)
-        id_kind = _column_type(self.conn, self.schema, self.table, self.id_column)
-        if kind is None or id_kind is None or kind[0] not in _VALUE:
-            raise StoreNotFoundError(f"{self.uri}: no such vector column", param="column")
-        int_ids = id_kind[0] in _INT_IDS
-        dim = kind[1]
-        ident = sql.SQL("{}::" + ("bigint" if int_ids else "text")).format(_ident(self.id_column))
-        return _fetch_copy(
-            self.conn,
-            _ident(self.schema, self.table),
-            _ident(self.column),
-            ident,
-            ids,
-            self.key,
-            int_ids,
-            _VALUE[kind[0]],
-            dim,
-        )
 
     def close(self) -> None:
         self.conn.close()

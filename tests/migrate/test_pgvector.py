@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,9 +17,12 @@ from lead.errors import (
     StoreError,
     StoreNotFoundError,
 )
+from lead.migrate.apply import migration_spec
+from lead.migrate.partitions import partition_store, plan_partitions
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
+from tests.migrate._data import write_parquet
 from tests.migrate.conftest import checksum, make_table, sql
 
 
@@ -64,6 +71,13 @@ def test_apply_new_column_text_ids_and_halfvec(pg_uri, scifact_small, minilm_to_
         "WHERE attrelid = 't_text'::regclass AND attname = 'emb_mpnet'",
     )
     assert kind == [("halfvec(768)",)]
+    again = migrate.apply(source, target, minilm_to_mpnet, progress=False)  # the resume checks
+    assert again.already_done
+    make_table(pg_uri, "t_text_docs", ids[1:], X[1:])  # another table lacks the first id
+    other = with_params(pg_uri, table="t_text_docs", column="emb_mpnet", type="halfvec")
+    with pytest.raises(InvalidInputError, match=f"id {ids[0]!r} of the source"):
+        migrate.apply(source, other, minilm_to_mpnet, progress=False)
+    assert _columns(pg_uri, "t_text_docs") == ["id", "emb"]
 
 
 def test_resume_after_partial_run_writes_each_row_once(pg_uri, scifact_small, minilm_to_mpnet):
@@ -131,3 +145,186 @@ def test_target_with_other_content_is_refused(pg_uri, scifact_small, minilm_to_m
     migrate.apply(source, out, minilm_to_mpnet, progress=False)
     with pytest.raises(ConflictError, match="another migration"):
         migrate.apply(source, out, LocalTranslator("minilm-to-pml3"), progress=False)
+
+
+def _columns(uri: str, table: str) -> list[str]:
+    rows = sql(
+        uri,
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum",
+        (table,),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def _checkpoints(uri: str, key: str) -> int:
+    if sql(uri, "SELECT to_regclass('lead_migrations')")[0][0] is None:
+        return 0
+    return int(sql(uri, "SELECT count(*) FROM lead_migrations WHERE target = %s", (key,))[0][0])
+
+
+def test_new_column_refuses_ids_that_are_not_rows_before_writing(
+    pg_uri, tmp_path: Path, scifact_small, minilm_to_mpnet
+):
+    X = scifact_small.corpus["minilm"]
+    ids = np.arange(len(X), dtype=np.int64) + 1
+    source = make_table(pg_uri, "t_rows_src", ids, X)
+    make_table(pg_uri, "t_rows_docs", ids[:300], X[:300])  # 100 source ids are no rows
+    target = with_params(pg_uri, table="t_rows_docs", column="emb_mpnet")
+    with pytest.raises(InvalidInputError, match=r"id 301 .*\(100 such ids\)"):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=100, progress=False)
+    assert _columns(pg_uri, "t_rows_docs") == ["id", "emb"]
+    assert _checkpoints(pg_uri, "public.t_rows_docs.emb_mpnet") == 0
+    # a source in another store: its ids are read before anything is written ...
+    parquet = write_parquet(tmp_path / "docs.parquet", ids, X)
+    with open_source(parquet) as src, open_target(target) as tgt:
+        spec = migration_spec(src, minilm_to_mpnet, inverse=False, normalize=False)
+        tgt.open(spec, src.info)
+        with pytest.raises(InvalidInputError, match=r"id 301 .*\(20 such ids in a batch of 64\)"):
+            tgt.check_source(src, batch_size=64)  # the batch of ids 257..320
+    # ... and a first batch refused by the database leaves no column and no checkpoint
+    make_table(pg_uri, "t_rows_tail", ids[100:], X[100:])
+    tail = with_params(pg_uri, table="t_rows_tail", column="emb_mpnet")
+    with pytest.raises(InvalidInputError, match="id 1 of the source"):
+        migrate.apply(parquet, tail, minilm_to_mpnet, batch_size=100, progress=False)
+    assert _columns(pg_uri, "t_rows_tail") == ["id", "emb"]
+    assert _checkpoints(pg_uri, "public.t_rows_tail.emb_mpnet") == 0
+
+
+def test_new_column_of_a_table_with_repeated_ids_is_refused(pg_uri, scifact_small, minilm_to_mpnet):
+    X = scifact_small.corpus["minilm"][:50]
+    source = make_table(pg_uri, "t_twice_src", np.arange(50), X)
+    sql(pg_uri, "DROP TABLE IF EXISTS t_twice_docs")
+    sql(pg_uri, "CREATE TABLE t_twice_docs (id bigint, title text)")
+    sql(pg_uri, "INSERT INTO t_twice_docs SELECT i, 'doc' FROM generate_series(0, 49) i")
+    sql(pg_uri, "INSERT INTO t_twice_docs VALUES (7, 'again')")
+    target = with_params(pg_uri, table="t_twice_docs", column="emb")
+    with pytest.raises(InvalidInputError, match="id 7 is more than one row"):
+        migrate.apply(source, target, minilm_to_mpnet, progress=False)
+    assert _columns(pg_uri, "t_twice_docs") == ["id", "title"]
+    assert _checkpoints(pg_uri, "public.t_twice_docs.emb") == 0
+
+
+@pytest.mark.parametrize("table, column", [("t_lock_out", "emb"), ("t_lock_src", "emb_mpnet")])
+def test_a_second_apply_into_the_same_target_is_refused(
+    pg_uri, scifact_small, minilm_to_mpnet, table, column
+):
+    X = scifact_small.corpus["minilm"]
+    ids = np.arange(len(X), dtype=np.int64)
+    source = make_table(pg_uri, "t_lock_src", ids, X)
+    sql(pg_uri, "DROP TABLE IF EXISTS t_lock_out")
+    target = with_params(pg_uri, table=table, column=column)
+    wrote, go = threading.Event(), threading.Event()
+
+    def hold(done: int, total: int) -> None:  # the first run waits after its first batch
+        if not wrote.is_set():
+            wrote.set()
+            go.wait(60)
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            migrate.apply, source, target, minilm_to_mpnet, batch_size=100, progress=hold
+        )
+        try:
+            assert wrote.wait(60)
+            with pytest.raises(ConflictError, match="another apply is writing"):
+                migrate.apply(source, target, minilm_to_mpnet, batch_size=100, progress=False)
+            with open_source(source) as src, open_target(target) as tgt:
+                spec = migration_spec(src, minilm_to_mpnet, inverse=False, normalize=False)
+                state = tgt.open(spec, src.info, partitioned=True)  # a ray worker: let in
+                assert state.rows_written == 100
+                with pytest.raises(ConflictError, match="another apply is writing"):
+                    partition_store(tgt).claim(plan_partitions(src, 2), state)  # a driver
+        finally:
+            go.set()
+        result = first.result(timeout=120)
+    assert result.rows_written == len(X)
+    written = sql(pg_uri, f"SELECT count({column}), count(DISTINCT id) FROM {table}")[0]
+    assert written == (len(X), len(X))
+    np.testing.assert_allclose(_fetch(target, ids), minilm_to_mpnet(X), atol=1e-5, rtol=0)
+
+
+def test_database_refusals_are_lead_errors(pg_uri, scifact_small, minilm_to_mpnet):
+    X = scifact_small.corpus["minilm"][:20]
+    source = make_table(pg_uri, "t_refused", np.arange(20), X)
+
+    def apply(target: str) -> None:
+        migrate.apply(source, target, minilm_to_mpnet, progress=False)
+
+    with pytest.raises(StoreNotFoundError, match="no schema 'noschema'"):
+        apply(with_params(pg_uri, table="noschema.out"))
+    with pytest.raises(StoreError, match="permission denied"):
+        apply(with_params(pg_uri, table="pg_catalog.lead_out"))
+    with pytest.raises(InvalidInputError, match="named like the id column"):
+        apply(with_params(pg_uri, table="t_refused_out", column="id"))
+    assert sql(pg_uri, "SELECT to_regclass('t_refused_out')")[0][0] is None
+    # a role that may not create tables in public, nor read the source
+    sql(
+        pg_uri,
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lead_nobody') "
+        "THEN CREATE ROLE lead_nobody LOGIN; END IF; END $$",
+    )
+    nobody = pg_uri.replace("postgres:@", "lead_nobody:@")
+    with pytest.raises(StoreError, match="permission denied for table t_refused"):
+        open_source(with_params(nobody, table="t_refused", column="emb"))
+    sql(pg_uri, "GRANT SELECT ON t_refused TO lead_nobody")
+    with pytest.raises(StoreError, match="permission denied"):
+        migrate.apply(
+            with_params(nobody, table="t_refused", column="emb"),
+            with_params(nobody, table="t_refused_nobody"),
+            minilm_to_mpnet,
+            progress=False,
+        )
+    # a table of the user's named like LEAD's checkpoints, beside the target
+    sql(pg_uri, "DROP SCHEMA IF EXISTS t_theirs CASCADE")
+    sql(pg_uri, "CREATE SCHEMA t_theirs")
+    sql(pg_uri, "CREATE TABLE t_theirs.lead_migrations (note text)")
+    with pytest.raises(ConflictError, match=r"t_theirs\.lead_migrations is not LEAD's"):
+        apply(with_params(pg_uri, table="t_theirs.out"))
+
+
+def test_uris_libpq_refuses_are_invalid_input_without_secrets(pg_uri):
+    uri = with_params(pg_uri, table="t_any", column="emb")
+    with pytest.raises(InvalidInputError, match="bogus"):
+        open_source(uri + "&bogus=1")
+    with pytest.raises(InvalidInputError, match="connect_timeout"):
+        open_target(uri + "&connect_timeout=abc")
+    with pytest.raises(InvalidInputError, match="percent-encoding") as caught:
+        open_source(uri.replace("postgres:@", "postgres:s3%zzcret@"))
+    assert "zzcret" not in str(caught.value)
+
+
+def test_odd_table_names_views_and_materialized_views(pg_uri, scifact_small, minilm_to_mpnet):
+    X = scifact_small.corpus["minilm"][:60]
+    ids = np.arange(60, dtype=np.int64) * 3
+    base = make_table(pg_uri, "t_base", ids, X)
+    sql(pg_uri, 'DROP TABLE IF EXISTS "t_we""ird", "t_we""ird_out"')
+    sql(pg_uri, 'CREATE TABLE "t_we""ird" AS SELECT id, emb FROM t_base')  # no unique index
+    sql(pg_uri, "DROP MATERIALIZED VIEW IF EXISTS t_mview")
+    sql(pg_uri, "CREATE MATERIALIZED VIEW t_mview AS SELECT id, emb FROM t_base")
+    sql(pg_uri, "CREATE OR REPLACE VIEW t_view AS SELECT id, emb FROM t_base")
+    want = minilm_to_mpnet(X)
+    for name in ('t_we"ird', "t_mview", "t_view"):
+        source = with_params(pg_uri, table=name, column="emb")
+        target = with_params(pg_uri, table=f"{name}_out", column="emb")
+        result = migrate.apply(source, target, minilm_to_mpnet, batch_size=25, progress=False)
+        assert result.rows_written == 60, name
+        np.testing.assert_allclose(_fetch(target, ids), want, atol=1e-5, rtol=0)
+    with pytest.raises(ConflictError, match="materialized view, not a table"):
+        migrate.apply(base, with_params(pg_uri, table="t_mview", column="v"), minilm_to_mpnet)
+
+
+def test_resume_into_a_redeclared_column_is_refused(pg_uri, scifact_small, minilm_to_mpnet):
+    X = scifact_small.corpus["minilm"][:100]
+    source = make_table(pg_uri, "t_redeclared", np.arange(100), X)
+    target = with_params(pg_uri, table="t_redeclared_out", column="emb")
+
+    def stop(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop)
+    sql(pg_uri, "TRUNCATE t_redeclared_out")
+    sql(pg_uri, "ALTER TABLE t_redeclared_out ALTER COLUMN emb TYPE vector(384)")
+    with pytest.raises(ConflictError, match=r"declared vector\(384\) now.*vector\(768\)"):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)

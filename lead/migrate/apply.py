@@ -256,14 +256,16 @@ def run_apply(
     check_go(translator, allow_no_go=allow_no_go)
     check_dims(source, translator, column)
     source.check(skip_null=skip_null)
-    check_source = getattr(target, "check_source", None)  # a target that reads the ids first
-    if check_source is not None:
-        check_source(source)
     spec = migration_spec(source, translator, inverse=inverse, normalize=normalize)
-    state = target.open(spec, source.info)
+    state = target.open(spec, source.info)  # writes nothing yet: the first batch creates
     resumed = state.rows_written
     if state.done:
         return ApplyResult(target.uri, 0, resumed, resumed, time.perf_counter() - started, True)
+    # a target that fills rows of an existing table / collection checks that every source
+    # id is one of them, before anything is written
+    check_source = getattr(target, "check_source", None)
+    if check_source is not None:
+        check_source(source)
     nulls = source.info.null_rows or 0
     total = source.info.rows - (nulls if skip_null else 0)
     report, close = _progress(progress, total, resumed)

@@ -293,6 +293,9 @@ def run_apply_ray(
         spec = migration_spec(src, translator, inverse=inverse, normalize=normalize)
         with _ray_connected(address) as ray:
             state = tgt.open(spec, src.info, partitioned=True)
+            check_source = getattr(tgt, "check_source", None)  # as in-process (apply.py)
+            if check_source is not None and not state.done:
+                check_source(src)
             if state.done:
                 seconds = time.perf_counter() - started
                 rows = state.rows_written

@@ -178,6 +178,27 @@ def _scrub(text: str, parsed: StoreURI) -> str:
     return text
 
 
+def table_params(parsed: StoreURI) -> tuple[str, str, str, str, str]:
+    """(table as given, schema, table, vector column, id column) of a pgvector URI.
+
+    Raises
+    ------
+    InvalidInputError
+        No ``table`` in the URI.
+    """
+    table = parsed.params.get("table")
+    if not table:
+        raise InvalidInputError(f"{parsed.uri}: add ?table=NAME to the URI", param="table")
+    schema, name = split(table)
+    return (
+        table,
+        schema,
+        name,
+        parsed.params.get("column", "embedding"),
+        parsed.params.get("id", "id"),
+    )
+
+
 def split(table: str) -> tuple[str, str]:
     """``schema.table`` (or ``table``, in ``public``) as (schema, table)."""
     schema, _, name = table.rpartition(".")

@@ -15,9 +15,7 @@ with ``local_files_only`` and never downloaded here (fetch it first with
 
 from __future__ import annotations
 
-import os
 import sys
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from lead.errors import (
     TooFewPairsError,
 )
 from lead.migrate._pairs import Paired, check_unique, checked_vectors
+from lead.migrate.report import atomic_write
 from lead.migrate.stores import Source, require
 
 __all__ = [
@@ -330,13 +329,5 @@ def save_native(path: str | Path, ids: np.ndarray, vectors: np.ndarray) -> Path:
     values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
     column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
     keys = pa.array(ids.tolist(), type=pa.int64() if ids.dtype.kind in "iu" else pa.string())
-    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with tmp.open("wb") as handle:
-            pq.write_table(pa.table({"id": keys, "embedding": column}), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, file)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return file
+    table = pa.table({"id": keys, "embedding": column})
+    return atomic_write(file, lambda handle: pq.write_table(table, handle))

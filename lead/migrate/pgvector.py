@@ -41,8 +41,8 @@ from lead.migrate._pg import (
     lead_error,
     psycopg_error,
     relation_kind,
-    split,
     store_errors,
+    table_params,
 )
 from lead.migrate.pgcopy import CopyParser, fetch_copy
 from lead.migrate.pgvector_target import CHECKPOINTS, PARTITIONS, PgVectorTarget
@@ -75,12 +75,7 @@ class PgVectorSource(PgStore):
     def __init__(self, parsed: StoreURI) -> None:
         self.parsed = parsed
         self.where = parsed.uri
-        table = parsed.params.get("table")
-        if not table:
-            raise InvalidInputError(f"{parsed.uri}: add ?table=NAME to the URI", param="table")
-        self.schema, self.table = split(table)
-        self.column = parsed.params.get("column", "embedding")
-        self.id_column = parsed.params.get("id", "id")
+        table, self.schema, self.table, self.column, self.id_column = table_params(parsed)
         self.name = f"{table}.{self.column}"
         self.conn = connect(parsed)
         try:

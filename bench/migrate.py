@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,7 @@ def real_vectors() -> np.ndarray:
 def rows_of(base: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The source rows of ``ids`` (1-based): ``base`` tiled, moved by seeded noise, unit length."""
     rng = np.random.default_rng(ids[0])
-    out = base[(ids - 1) % len(base)] + rng.normal(0, NOISE, (len(ids), base.shape[1]))
+    out: np.ndarray = base[(ids - 1) % len(base)] + rng.normal(0, NOISE, (len(ids), base.shape[1]))
     out /= np.linalg.norm(out, axis=1, keepdims=True)
     return out.astype(np.float32)
 
@@ -462,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         result["build_small_s"] = build_source(uri, "src_small", small, base)
         bench = Bench(uri, "src", args.rows, args.batch_size)
         with BenchServer([REPO / "models" / STITCH]) as server:
-            steps = {  # apply beside io and kill-resume in both orders (the tight ratios)
+            steps: dict[
+                str, Callable[[str], dict[str, Any]]
+            ] = {  # apply beside io and kill-resume in both orders (the tight ratios)
                 "io": bench.io,
                 "apply": bench.apply,
                 "kill_resume": bench.kill_resume,

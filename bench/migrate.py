@@ -191,7 +191,12 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def run_child(
-    command: list[str], *, name: str, kill_when: Any = None, timeout: float = 3600
+    command: list[str],
+    *,
+    name: str,
+    kill_when: Any = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 3600,
 ) -> dict[str, Any]:
     """Run ``command``: wall seconds, peak RSS (MiB), CPU seconds, its last stdout line as JSON.
 
@@ -205,7 +210,8 @@ def run_child(
     peak = 0.0
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=out, stderr=err)
+        environ = child_env() | (env or {})
+        proc = subprocess.Popen(command, cwd=REPO, env=environ, stdout=out, stderr=err)
         killed = False
         while True:
             peak = max(peak, peak_rss_mib(proc.pid))
@@ -288,11 +294,11 @@ class Bench:
         drop(self.uri, table)
         return self._rate(figures, figures["result"]["seconds"])
 
-    def apply(self, tag: str, *extra: str, table: str | None = None) -> dict[str, Any]:
-        table = table or f"{self.table}_out"
+    def apply(self, tag: str, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+        table = f"{self.table}_out"
         drop(self.uri, table)
         cmd = apply_command(self.source, target_uri(self.uri, table), self.batch, *extra)
-        figures = run_child(cmd, name=f"apply-{tag}")
+        figures = run_child(cmd, name=f"apply-{tag}", env=env)
         figures |= self._check(table)
         drop(self.uri, table)
         return self._rate(figures, figures["result"]["seconds"])
@@ -481,7 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             result["server_peak_rss_mib"] = peak_rss_mib(server.pid)
         if not args.no_ray:
             log("--engine ray")
-            runs["ray"] = bench.apply("ray", "--engine", "ray")
+            # a Ray of its own, not a cluster that a `ray start` left in /tmp/ray
+            with tempfile.TemporaryDirectory(prefix="lead-ray-") as ray_tmp:
+                env = {"RAY_TMPDIR": ray_tmp}
+                runs["ray"] = bench.apply("ray", "--engine", "ray", env=env)
             log(f"  ray: {runs['ray']['wall_s']:.1f} s wall")
         small_bench = Bench(uri, "src_small", small, args.batch_size)
         runs["apply_small"] = []

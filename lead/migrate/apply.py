@@ -180,12 +180,9 @@ def _translate(translator: Translator, batch: Batch, column: str) -> np.ndarray:
 def _translated(
     batches: Iterator[Batch], translator: Translator, column: str
 ) -> Iterator[tuple[Batch, np.ndarray]]:
-    """Translate batches in order, up to ``translator.concurrency`` at once."""
+    """Translate batches in order, up to ``translator.concurrency`` at once, in threads:
+    batch k+1 is translated while the caller writes batch k."""
     width = max(1, int(translator.concurrency))
-    if width == 1:
-        for batch in batches:
-            yield batch, _translate(translator, batch, column)
-        return
     with ThreadPoolExecutor(width, thread_name_prefix="lead-migrate-translate") as pool:
         pending: deque[tuple[Batch, Future[np.ndarray]]] = deque()
         for batch in batches:

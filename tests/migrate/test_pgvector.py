@@ -17,7 +17,7 @@ from lead.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from lead.migrate.apply import migration_spec
+from lead.migrate.apply import migration_spec, run_apply
 from lead.migrate.partitions import partition_store, plan_partitions
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import with_params
@@ -328,3 +328,37 @@ def test_resume_into_a_redeclared_column_is_refused(pg_uri, scifact_small, minil
     sql(pg_uri, "ALTER TABLE t_redeclared_out ALTER COLUMN emb TYPE vector(384)")
     with pytest.raises(ConflictError, match=r"declared vector\(384\) now.*vector\(768\)"):
         migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+
+
+def test_next_batch_is_translated_while_a_batch_is_written(pg_uri, scifact_small, minilm_to_mpnet):
+    # in-process apply overlaps batch k+1's translation with batch k's write (CPU for the
+    # stitch while PostgreSQL stores rows); before, each write waited for the next translation
+    X = scifact_small.corpus["minilm"][:200]
+    source = make_table(pg_uri, "t_overlap", np.arange(200), X)
+    target = with_params(pg_uri, table="t_overlap_out", column="emb")
+    started = threading.Semaphore(0)  # released when a batch's translation starts
+
+    class Watched:  # the real translator, noting each start
+        ref, concurrency = minilm_to_mpnet.ref, 1
+
+        def __call__(self, rows: np.ndarray) -> np.ndarray:
+            started.release()
+            return minilm_to_mpnet(rows)
+
+    overlapped = []
+    with open_source(source) as src, open_target(target) as tgt:
+        write = tgt.write
+
+        def watched_write(ids, vectors, progress) -> None:
+            started.acquire()  # this batch's own start
+            if progress.rows_written < 200:  # the next one starts before this write returns
+                overlapped.append(started.acquire(timeout=5))
+                if overlapped[-1]:
+                    started.release()  # for the next write's own start
+            write(ids, vectors, progress)
+
+        tgt.write = watched_write
+        run_apply(src, tgt, Watched(), batch_size=50, progress=False)
+    assert overlapped == [True, True, True]
+    got = _fetch(target, np.arange(200))
+    np.testing.assert_allclose(got, minilm_to_mpnet(X), atol=1e-5, rtol=0)

@@ -8,7 +8,7 @@ works through the same partitions, whatever count it is asked for.
 
 Each partition lands whole or not at all, together with the marker that says it is done:
 
-* a Parquet folder target (:class:`~lead.migrate.files.ParquetTarget`) gets one part
+* a Parquet folder target (:class:`~lead.migrate.parquet_target.ParquetTarget`) gets one part
   ``part-NNNNNN.parquet`` per partition (N its index; temporary name, fsync, rename), whose
   metadata names the partition; the plan is in ``_lead_partitions.json``;
 * a pgvector target (:class:`~lead.migrate.pgvector.PgVectorTarget`) gets the rows of a
@@ -39,7 +39,8 @@ import numpy as np
 from lead.errors import ConflictError, InvalidInputError
 from lead.migrate._pg import errors_of
 from lead.migrate.apply import _read_ahead, _translate
-from lead.migrate.files import PARTITIONS, ParquetSource, ParquetTarget, _write_json
+from lead.migrate.files import ParquetSource
+from lead.migrate.parquet_target import PARTITIONS, ParquetTarget, _write_json
 from lead.migrate.pgvector import PgVectorSource, PgVectorTarget
 from lead.migrate.stores import Progress, Source, Target
 from lead.migrate.translator import Translator

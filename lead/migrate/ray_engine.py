@@ -48,7 +48,8 @@ import numpy as np
 
 from lead.errors import ConflictError, InvalidInputError, LeadError
 from lead.migrate.apply import ApplyResult, _progress, check_dims, check_go, migration_spec
-from lead.migrate.files import ParquetSource, ParquetTarget
+from lead.migrate.files import ParquetSource
+from lead.migrate.parquet_target import ParquetTarget
 from lead.migrate.partitions import (
     Partition,
     PartitionResult,

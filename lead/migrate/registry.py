@@ -60,7 +60,7 @@ def open_target(uri: str) -> Target:
         from lead.migrate.qdrant import QdrantTarget
 
         return QdrantTarget(parsed)
-    from lead.migrate.files import ParquetTarget
+    from lead.migrate.parquet_target import ParquetTarget
 
     path = Path(parsed.path)
     if path.suffix.lower() in (".npy", ".safetensors"):

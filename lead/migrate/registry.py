@@ -57,7 +57,7 @@ def open_target(uri: str) -> Target:
 
         return PgVectorTarget(parsed)
     if parsed.scheme == "qdrant":
-        from lead.migrate.qdrant import QdrantTarget
+        from lead.migrate.qdrant_target import QdrantTarget
 
         return QdrantTarget(parsed)
     from lead.migrate.parquet_target import ParquetTarget

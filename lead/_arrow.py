@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ARROW_STREAM", "VECTOR_COLUMN", "read_vectors", "vectors_stream"]
+__all__ = ["ARROW_STREAM", "VECTOR_COLUMN", "read_vectors", "vector_column", "vectors_stream"]
 
 #: The media type of an Arrow IPC stream.
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -30,6 +30,14 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
+def vector_column(rows: np.ndarray) -> Any:
+    """``rows`` (n, d) as an Arrow ``fixed_size_list<float32>[d]`` array (float32, copied
+    only when ``rows`` is not C-contiguous float32)."""
+    pa = _pyarrow()
+    values = pa.array(np.ascontiguousarray(rows, np.float32).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(values, rows.shape[1])
+
+
 def vectors_stream(rows: np.ndarray) -> bytes:
     """An Arrow IPC stream of one batch: column ``embedding`` of ``rows``.
 
@@ -44,9 +52,7 @@ def vectors_stream(rows: np.ndarray) -> bytes:
         The stream; its column is ``fixed_size_list<float32>[d]``.
     """
     pa = _pyarrow()
-    values = pa.array(rows.reshape(-1))
-    column = pa.FixedSizeListArray.from_arrays(values, rows.shape[1])
-    batch = pa.RecordBatch.from_arrays([column], names=[VECTOR_COLUMN])
+    batch = pa.RecordBatch.from_arrays([vector_column(rows)], names=[VECTOR_COLUMN])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)

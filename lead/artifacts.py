@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from lead._durable import fsync_path
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
 from lead._version import __version__
@@ -92,14 +93,6 @@ def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str)
         "dtype": dtype,
         "tensors": {name: list(t.shape) for name, t in tensors.items()},
     }
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _is_occupied(folder: Path) -> bool:
@@ -194,7 +187,7 @@ def save_stitch(
         (tmp / CARD_FILE).write_text(model_card(config, folder.name), encoding="utf-8")
         for name in ARTIFACT_FILES:
             (tmp / name).chmod(0o644)
-            _fsync(tmp / name)
+            fsync_path(tmp / name)
         tmp.chmod(0o755)
         old = None
         if overwrite and folder.exists():
@@ -208,7 +201,7 @@ def save_stitch(
             if not overwrite and _is_occupied(folder):  # written there meanwhile
                 raise _exists(folder) from None
             raise
-        _fsync(folder.parent)
+        fsync_path(folder.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:

@@ -93,9 +93,9 @@ def write_parquet(path: Path, ids: list[Any], vectors: np.ndarray) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-    column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
-    pq.write_table(pa.table({"id": pa.array(ids), "embedding": column}), path)
+    from lead._arrow import vector_column
+
+    pq.write_table(pa.table({"id": pa.array(ids), "embedding": vector_column(vectors)}), path)
 
 
 def build_demo(uri: str, folder: Path, data: dict[str, Any], table: str = "docs") -> dict[str, str]:

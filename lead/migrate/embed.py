@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from lead._arrow import vector_column
+from lead._durable import atomic_write
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -29,7 +31,6 @@ from lead.errors import (
     TooFewPairsError,
 )
 from lead.migrate._pairs import Paired, check_unique, checked_vectors
-from lead.migrate.report import atomic_write
 from lead.migrate.stores import Source, require
 
 __all__ = [
@@ -326,8 +327,7 @@ def save_native(path: str | Path, ids: np.ndarray, vectors: np.ndarray) -> Path:
     pq = require("pyarrow.parquet", "arrow")
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-    column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
+    column = vector_column(vectors)
     keys = pa.array(ids.tolist(), type=pa.int64() if ids.dtype.kind in "iu" else pa.string())
     table = pa.table({"id": keys, "embedding": column})
     return atomic_write(file, lambda handle: pq.write_table(table, handle))

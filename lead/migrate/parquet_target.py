@@ -18,13 +18,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from lead._arrow import vector_column
+from lead._durable import atomic_write
 from lead.data import parse_spec
 from lead.errors import ConflictError, DecodeError, InvalidInputError
 from lead.migrate.files import ParquetSource
@@ -48,22 +49,9 @@ _POSITION_KEY = b"lead.position"
 LOCK = "_lead.lock"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as handle:
-        json.dump(value, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    text = json.dumps(value, indent=2, sort_keys=True)
+    atomic_write(path, lambda handle: handle.write(text.encode()))
 
 
 def _own_temporary(name: str) -> bool:
@@ -325,23 +313,18 @@ class ParquetTarget(Closing):
             ],
             metadata={_POSITION_KEY: json.dumps(state).encode()},
         )
-        tmp = self.path / f".{name}.{uuid.uuid4().hex}.tmp"
         rows = 0
-        try:
-            with tmp.open("wb") as handle:
-                with pq.ParquetWriter(handle, schema) as writer:
-                    for ids, vectors in batches:
-                        values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-                        column = pa.FixedSizeListArray.from_arrays(values, self.dim)
-                        id_array = pa.array(ids.tolist() if ids.dtype == object else ids)
-                        writer.write_table(pa.Table.from_arrays([id_array, column], schema=schema))
-                        rows += len(ids)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path / name)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(self.path)
+
+        def write(handle: IO[bytes]) -> None:
+            nonlocal rows
+            with pq.ParquetWriter(handle, schema) as writer:
+                for ids, vectors in batches:
+                    column = vector_column(vectors)
+                    id_array = pa.array(ids.tolist() if ids.dtype == object else ids)
+                    writer.write_table(pa.Table.from_arrays([id_array, column], schema=schema))
+                    rows += len(ids)
+
+        atomic_write(self.path / name, write)
         return rows
 
     def finish(self, progress: Progress) -> None:

@@ -9,20 +9,19 @@ threshold is not met (the format Jenkins, GitLab and GitHub test reporters read)
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from lead._durable import atomic_write
 from lead.migrate.quality import Check
 
 __all__ = [
     "MIN_HISTOGRAM_SPAN",
     "ONE_BAR_WIDTH",
-    "atomic_write",
     "histogram_bins",
     "junit_xml",
     "markdown_report",
@@ -30,21 +29,6 @@ __all__ = [
     "write_json",
     "write_text",
 ]
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
-    """Write ``path`` through ``write(handle)`` on a temporary file, then rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def write_text(path: Path, text: str) -> Path:

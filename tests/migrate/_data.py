@@ -24,9 +24,9 @@ def write_parquet(path: Path, ids: Any, vectors: np.ndarray) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-    column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
-    pq.write_table(pa.table({"id": pa.array(list(ids)), "emb": column}), path)
+    from lead._arrow import vector_column
+
+    pq.write_table(pa.table({"id": pa.array(list(ids)), "emb": vector_column(vectors)}), path)
     return with_params(str(path), column="emb", id="id")
 
 

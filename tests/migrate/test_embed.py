@@ -57,8 +57,9 @@ def write_store(path: Path, ids: Any, texts: list[Any], vectors: np.ndarray) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-    column = pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
+    from lead._arrow import vector_column
+
+    column = vector_column(vectors)
     table = pa.table({"id": pa.array(list(ids)), "text": pa.array(texts), "embedding": column})
     pq.write_table(table, path)
     return str(path)

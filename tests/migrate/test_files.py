@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lead import migrate
+from lead._arrow import vector_column
 from lead.cli import main
 from lead.errors import (
     ConflictError,
@@ -39,8 +40,7 @@ def minilm_to_mpnet() -> LocalTranslator:
 
 
 def _column(vectors: np.ndarray) -> object:
-    values = pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
+    return vector_column(vectors)
 
 
 def _read(folder: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -230,6 +230,48 @@ class Settings(BaseSettings):
     hf_token: SecretStr | None = Field(
         default=None, description="Hugging Face token for jobs with `push_to_hub`."
     )
+
+    # Beyond one machine: shared state, distributed training, a shared stitch store.
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="Where job, dataset and stitch records live. Unset: the SQLite file "
+        "`lead.sqlite3` under `data_dir` (one machine). `postgresql://user:password@host:port/db` "
+        "(libpq query parameters such as `?host=/socket/dir` pass through): every replica shares "
+        "one PostgreSQL database, uploaded datasets included, with versioned schema migrations.",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="Where training jobs run. Unset: processes spawned by this server "
+        "(`job_workers` of them). `auto` (the Ray cluster this machine belongs to), "
+        "`host:port` or `ray://host:port`: each job is a Ray task, with the job's `resources`.",
+    )
+    stitch_store: str | None = Field(
+        default=None,
+        description="Where trained stitches are published for every replica. Unset: "
+        "`data_dir/stitches`. A shared folder, an fsspec URL (`file://`, `s3://`, `gs://`; the "
+        "matching fsspec package must be installed), or `hub://ORG` (one Hub model repo "
+        "`ORG/<stitch_id>` per stitch, pushed with `hf_token`).",
+    )
+    stitch_poll_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="How often each replica looks for stitches published or deleted through "
+        "another replica (and registers or drops them).",
+    )
+    job_lease_seconds: float = Field(
+        default=15.0,
+        ge=1,
+        description="A running job's lease, renewed by the replica that runs it every third of "
+        "it. A job whose lease ran out (its replica died) is retried or failed by any replica.",
+    )
+    job_max_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="Times a job is started at most: a job whose replica, worker or Ray node "
+        "died is queued again until it has been started this many times, then `failed`.",
+    )
     max_dataset_bytes: int = Field(
         default=1024 * 1024 * 1024, ge=1, description="Size of an uploaded dataset file."
     )

@@ -24,8 +24,11 @@ def _offline_env() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or env in {"1", "ON", "YES", "TRUE"}
 
 
-def download_snapshot(repo_id: str, revision: str | None, files: Sequence[str]) -> Path:
-    """The local folder of ``files`` of Hub model repo ``repo_id`` at ``revision``."""
+def download_snapshot(
+    repo_id: str, revision: str | None, files: Sequence[str], *, token: str | None = None
+) -> Path:
+    """The local folder of ``files`` of Hub model repo ``repo_id`` at ``revision``
+    (``token``: default the logged-in one, or ``HF_TOKEN``)."""
     import huggingface_hub
     from huggingface_hub import errors
 
@@ -38,6 +41,7 @@ def download_snapshot(repo_id: str, revision: str | None, files: Sequence[str]) 
             allow_patterns=list(files),
             cache_dir=os.environ.get("HF_HUB_CACHE") or None,  # also when set after import
             local_files_only=offline,
+            token=token,
         )
     except errors.GatedRepoError as error:
         raise HubError(f"no access to gated Hub repo {where}: {error}") from None

@@ -21,7 +21,7 @@ from lead._durable import fsync_path
 from lead.artifacts import ARTIFACT_FILES, CONFIG_FILE
 from lead.errors import HubError, InvalidInputError, StitchNotFoundError
 from service.errors import echo
-from service.jobs.stitch_store import (
+from service.jobs._stitch_files import (
     REQUIRED_FILES,
     check_stitch_id,
     is_complete_stitch,

@@ -17,15 +17,13 @@ a path           :class:`FolderStore`          ``<path>/<id>`` (a shared file sy
 ``hub://ORG``    :class:`.HubStore`            the Hugging Face cache (repo ``ORG/<id>``)
 ===============  ============================  ================================================
 
-The last two live in :mod:`service.jobs.remote_stitch_store` (imported only when named).
+The last two live in :mod:`service.jobs.remote_stitch_store` (fsspec and huggingface_hub
+are imported only when used).
 Stitch ids are checked against :data:`service.jobs.layout.STITCH_ID_PATTERN` everywhere.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,69 +32,18 @@ from typing import Protocol
 from pydantic import SecretStr
 
 from lead._durable import fsync_path
-from lead.artifacts import ARTIFACT_FILES, CONFIG_FILE, WEIGHTS_FILE
-from lead.errors import InvalidInputError, StitchFormatError, StitchNotFoundError
+from lead.errors import InvalidInputError, StitchNotFoundError
 from service.errors import echo
-from service.jobs.layout import STITCH_ID_PATTERN
+from service.jobs._stitch_files import (
+    check_stitch_id,
+    is_complete_stitch,
+    publish_dir,
+    remove_dir,
+    stitch_files,
+)
+from service.jobs.remote_stitch_store import FsspecStore, HubStore, redact_url
 
-__all__ = ["FolderStore", "StitchStore", "open_stitch_store"]
-
-#: The files a stitch needs; ``README.md`` is copied when present.
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-
-
-def check_stitch_id(stitch_id: str) -> str:
-    """``stitch_id`` when it matches ``STITCH_ID_PATTERN`` (a folder name), else
-    InvalidInputError."""
-    if re.match(STITCH_ID_PATTERN, stitch_id) is None:
-        raise InvalidInputError(
-            f"{echo(stitch_id)} is not a stitch id (letters, digits, '.', '_', '-'; at most 128)",
-            param="stitch_id",
-        )
-    return stitch_id
-
-
-def is_complete_stitch(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in REQUIRED_FILES)
-
-
-def stitch_files(folder: Path) -> list[str]:
-    """The artifact files of a local stitch folder to publish (config.json last)."""
-    if not is_complete_stitch(folder):
-        raise StitchFormatError(
-            f"{folder} is not a complete stitch folder (needs {', '.join(REQUIRED_FILES)})"
-        )
-    present = [name for name in ARTIFACT_FILES if (folder / name).is_file()]
-    return sorted(present, key=lambda name: name == CONFIG_FILE)
-
-
-def remove_dir(folder: Path) -> None:
-    """Rename ``folder`` away (one atomic step), then delete it; nothing when absent."""
-    trash = folder.with_name(f".deleted-{folder.name}-{secrets.token_hex(4)}")
-    try:
-        os.replace(folder, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename the complete folder ``tmp`` to ``final``, replacing an older ``final``."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
-        os.replace(final, old)
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if old is not None:
-            os.replace(old, final)
-        elif is_complete_stitch(final):  # another process published the same stitch meanwhile
-            return
-        raise
-    fsync_path(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+__all__ = ["FolderStore", "FsspecStore", "HubStore", "StitchStore", "open_stitch_store"]
 
 
 class StitchStore(Protocol):
@@ -224,8 +171,6 @@ def open_stitch_store(
         A ``hub://`` spec without a valid user or organisation, or an fsspec protocol that
         is unknown or whose package is not installed (``param="stitch_store"``).
     """
-    from service.jobs.remote_stitch_store import FsspecStore, HubStore, redact_url
-
     data_dir = Path(data_dir).expanduser()
     if not spec:
         return FolderStore(data_dir / "stitches")

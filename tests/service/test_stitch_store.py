@@ -18,8 +18,13 @@ from test_hub import COMMIT, _populate_cache
 
 from lead.artifacts import ARTIFACT_FILES, load_stitch
 from lead.errors import InvalidInputError, StitchFormatError, StitchNotFoundError
-from service.jobs.remote_stitch_store import FsspecStore, HubStore
-from service.jobs.stitch_store import FolderStore, StitchStore, open_stitch_store
+from service.jobs.stitch_store import (
+    FolderStore,
+    FsspecStore,
+    HubStore,
+    StitchStore,
+    open_stitch_store,
+)
 
 STITCH = "minilm-to-mpnet"
 OTHER = "minilm-to-mpnet-raw"  # another stitch's files, to see a put replace

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from lead.artifacts import load_stitch
-from service.jobs.remote_stitch_store import FsspecStore
-from service.jobs.stitch_store import FolderStore, StitchStore
+from service.jobs.stitch_store import FolderStore, FsspecStore, StitchStore
 from service.jobs.store import JobStore, new_id
 from service.jobs.watcher import StitchWatcher
 from service.registry import StitchRegistry

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -18,6 +19,9 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file
+
+if TYPE_CHECKING:
+    from service.jobs.store import JobStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
@@ -103,3 +107,23 @@ def pg_database(pg_uri: str) -> Iterator[str]:
     yield urlunsplit(urlsplit(pg_uri)._replace(path=f"/{name}"))
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def job_store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a job store lives, once per backend: a SQLite file, then a fresh PostgreSQL
+    database."""
+    if request.param == "sqlite":
+        return tmp_path / "lead.sqlite3"
+    uri: str = request.getfixturevalue("pg_database")
+    return uri
+
+
+@pytest.fixture
+def job_store(job_store_target: Path | str) -> Iterator[JobStore]:
+    """A :class:`service.jobs.store.JobStore` on each backend, closed afterwards."""
+    from service.jobs.store import JobStore  # here: the tests of lead/ never import service
+
+    store = JobStore(job_store_target)
+    yield store
+    store.close()

@@ -8,13 +8,11 @@ as blobs. Leases are in ``test_job_leases.py``.
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from store_helpers import add_job, race
 
 from lead.errors import ConflictError, DatasetNotFoundError, JobNotFoundError, StoreError
 from service.jobs.migrations import SCHEMA_VERSION
@@ -39,72 +37,21 @@ PRAGMA user_version = 1;
 """
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
-    """Where a store lives: a SQLite file, or a fresh PostgreSQL database."""
-    if request.param == "sqlite":
-        return tmp_path / "lead.sqlite3"
-    uri: str = request.getfixturevalue("pg_database")
-    return uri
-
-
-@pytest.fixture
-def store(target: Path | str) -> Iterator[JobStore]:
-    opened = JobStore(target)
-    yield opened
-    opened.close()
-
-
-def add_job(store: JobStore, stitch_id: str | None = None, **kwargs: Any) -> JobRecord:
-    """A queued job with its own stitch id (unless given)."""
-    job_id = new_id("job")
-    return store.create_job(
-        job_id=job_id,
-        request={"method": "ridge", "seed": 0},
-        data_path=f"job-data/{job_id}.safetensors",
-        dataset_id=kwargs.pop("dataset_id", None),
-        pairs=50,
-        stitch_id=stitch_id or f"s-{job_id[4:16]}",
-        **kwargs,
-    )
-
-
-def race(n: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` for i in range(n) on n threads released together; each thread's return
-    value or exception."""
-    barrier = threading.Barrier(n)
-    out: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = work(i)
-        except Exception as exc:  # collected for the test to check
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return out
-
-
-def test_backend_and_fresh_schema(store: JobStore, target: Path | str) -> None:
-    assert store.backend == ("sqlite" if isinstance(target, Path) else "postgresql")
-    assert store.shares_files is (store.backend == "postgresql")
-    job = add_job(store)
+def test_backend_and_fresh_schema(job_store: JobStore, job_store_target: Path | str) -> None:
+    assert job_store.backend == ("sqlite" if isinstance(job_store_target, Path) else "postgresql")
+    assert job_store.shares_files is (job_store.backend == "postgresql")
+    job = add_job(job_store)
     assert (job.status, job.attempts, job.owner, job.lease_until) == ("queued", 0, None, None)
-    again = JobStore(target)  # a second process opening the same database: nothing to do
+    again = JobStore(job_store_target)  # a second process opening the same database: nothing to do
     assert again.get_job(job.id) == job
     again.close()
-    if store.backend == "sqlite":
-        with sqlite3.connect(target) as conn:
+    if job_store.backend == "sqlite":
+        with sqlite3.connect(job_store_target) as conn:
             assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     else:
         import psycopg
 
-        with psycopg.connect(str(target)) as conn:
+        with psycopg.connect(str(job_store_target)) as conn:
             rows = conn.execute("SELECT version FROM lead_schema_version ORDER BY 1").fetchall()
         assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
 
@@ -146,19 +93,19 @@ def test_a_first_release_sqlite_file_upgrades_in_place(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_a_newer_database_is_refused(target: Path | str) -> None:
-    JobStore(target).close()
-    if isinstance(target, Path):
-        with sqlite3.connect(target) as conn:
+def test_a_newer_database_is_refused(job_store_target: Path | str) -> None:
+    JobStore(job_store_target).close()
+    if isinstance(job_store_target, Path):
+        with sqlite3.connect(job_store_target) as conn:
             conn.execute("PRAGMA user_version = 99")
         conn.close()
     else:
         import psycopg
 
-        with psycopg.connect(target, autocommit=True) as pg:
+        with psycopg.connect(job_store_target, autocommit=True) as pg:
             pg.execute("INSERT INTO lead_schema_version (version) VALUES (99)")
     with pytest.raises(RuntimeError, match="schema version 99, newer than this LEAD"):
-        JobStore(target)
+        JobStore(job_store_target)
 
 
 def test_an_unreachable_server_is_named_without_its_password() -> None:
@@ -169,115 +116,115 @@ def test_an_unreachable_server_is_named_without_its_password() -> None:
     assert "s3cret-pw" not in message
 
 
-def test_jobs_pages_cancel_and_stitch_ids(store: JobStore) -> None:
-    jobs = [add_job(store) for _ in range(5)]
-    page, more = store.list_jobs(limit=2)
+def test_jobs_pages_cancel_and_stitch_ids(job_store: JobStore) -> None:
+    jobs = [add_job(job_store) for _ in range(5)]
+    page, more = job_store.list_jobs(limit=2)
     assert [j.id for j in page] == [jobs[4].id, jobs[3].id] and more
-    page, more = store.list_jobs(limit=5, after=jobs[3].id)
+    page, more = job_store.list_jobs(limit=5, after=jobs[3].id)
     assert [j.id for j in page] == [j.id for j in jobs[2::-1]] and not more
     with pytest.raises(JobNotFoundError):
-        store.list_jobs(after="job_nope")
-    assert store.queued_job_ids() == [j.id for j in jobs]
-    assert store.request_cancel(jobs[0].id).status == "cancelled"
-    assert store.claim_job(jobs[1].id) and not store.claim_job(jobs[1].id)
-    assert store.request_cancel(jobs[1].id).status == "cancelling"
-    assert store.job_status(jobs[1].id) == "cancelling"
-    assert store.finish_job(jobs[1].id, "cancelled")
+        job_store.list_jobs(after="job_nope")
+    assert job_store.queued_job_ids() == [j.id for j in jobs]
+    assert job_store.request_cancel(jobs[0].id).status == "cancelled"
+    assert job_store.claim_job(jobs[1].id) and not job_store.claim_job(jobs[1].id)
+    assert job_store.request_cancel(jobs[1].id).status == "cancelling"
+    assert job_store.job_status(jobs[1].id) == "cancelling"
+    assert job_store.finish_job(jobs[1].id, "cancelled")
     with pytest.raises(ConflictError, match="already finished"):
-        store.request_cancel(jobs[1].id)
-    assert [j.id for j in store.list_jobs(status="cancelled")[0]] == [jobs[1].id, jobs[0].id]
+        job_store.request_cancel(jobs[1].id)
+    assert [j.id for j in job_store.list_jobs(status="cancelled")[0]] == [jobs[1].id, jobs[0].id]
     # a cancelled job's stitch id is free again; an active or succeeded one is not
-    again = add_job(store, jobs[0].stitch_id)
+    again = add_job(job_store, jobs[0].stitch_id)
     with pytest.raises(ConflictError, match="already produced"):
-        add_job(store, again.stitch_id)
-    assert store.claim_job(again.id)
-    assert store.set_outcome(again.id, scorecard={"r2_score": 0.5}, result={"served": True})
-    assert store.finish_job(again.id, "succeeded")
-    assert store.succeeded_stitches()[again.stitch_id].served
-    assert store.stitch_deleted_at(again.stitch_id) is None
-    deleted = store.mark_stitch_deleted(again.stitch_id)
+        add_job(job_store, again.stitch_id)
+    assert job_store.claim_job(again.id)
+    assert job_store.set_outcome(again.id, scorecard={"r2_score": 0.5}, result={"served": True})
+    assert job_store.finish_job(again.id, "succeeded")
+    assert job_store.succeeded_stitches()[again.stitch_id].served
+    assert job_store.stitch_deleted_at(again.stitch_id) is None
+    deleted = job_store.mark_stitch_deleted(again.stitch_id)
     assert deleted is not None and deleted.result is not None
-    assert store.stitch_deleted_at(again.stitch_id) == (
+    assert job_store.stitch_deleted_at(again.stitch_id) == (
         again.id,
         deleted.result["stitch_deleted_at"],
     )
     with pytest.raises(ConflictError, match="ids of deleted stitches are not used again"):
-        add_job(store, again.stitch_id)
+        add_job(job_store, again.stitch_id)
     with pytest.raises(ConflictError, match="still being trained"):
-        store.mark_stitch_deleted(jobs[2].stitch_id)
-    assert store.mark_stitch_deleted("never-trained") is None
+        job_store.mark_stitch_deleted(jobs[2].stitch_id)
+    assert job_store.mark_stitch_deleted("never-trained") is None
 
 
-def test_idempotency_key_taken(store: JobStore) -> None:
-    first = add_job(store, idempotency_key="k1", request_hash="h1")
+def test_idempotency_key_taken(job_store: JobStore) -> None:
+    first = add_job(job_store, idempotency_key="k1", request_hash="h1")
     with pytest.raises(IdempotencyKeyTaken):  # checked before the stitch id
-        add_job(store, first.stitch_id, idempotency_key="k1", request_hash="h1")
-    found = store.find_idempotent("k1")
+        add_job(job_store, first.stitch_id, idempotency_key="k1", request_hash="h1")
+    found = job_store.find_idempotent("k1")
     assert found is not None and found == (first, "h1")
-    assert store.find_idempotent("k2") is None
+    assert job_store.find_idempotent("k2") is None
 
 
-def test_an_idempotency_race_between_connections_makes_one_job(store: JobStore) -> None:
+def test_an_idempotency_race_between_connections_makes_one_job(job_store: JobStore) -> None:
     for round_ in range(8):
         key = f"race-{round_}"
-        out = race(2, lambda i, key=key: add_job(store, idempotency_key=key, request_hash="h"))
+        out = race(2, lambda i, key=key: add_job(job_store, idempotency_key=key, request_hash="h"))
         made = [o for o in out if isinstance(o, JobRecord)]
         assert len(made) == 1, out
         assert [type(o) for o in out if o not in made] == [IdempotencyKeyTaken], out
-        assert store.find_idempotent(key) == (made[0], "h")
+        assert job_store.find_idempotent(key) == (made[0], "h")
 
 
-def test_a_stitch_id_race_between_connections_makes_one_job(store: JobStore) -> None:
+def test_a_stitch_id_race_between_connections_makes_one_job(job_store: JobStore) -> None:
     for round_ in range(8):
-        out = race(2, lambda i, n=round_: add_job(store, f"same-{n}"))
+        out = race(2, lambda i, n=round_: add_job(job_store, f"same-{n}"))
         made = [o for o in out if isinstance(o, JobRecord)]
         assert len(made) == 1, out
         assert [type(o) for o in out if o not in made] == [ConflictError], out
 
 
-def test_datasets_pages_use_and_delete(store: JobStore) -> None:
+def test_datasets_pages_use_and_delete(job_store: JobStore) -> None:
     ids = [new_id("ds") for _ in range(3)]
     for ds in ids:
-        store.add_dataset(ds, {"pairs": 50}, f"datasets/{ds}.safetensors")
-    page, more = store.list_datasets(limit=2)
+        job_store.add_dataset(ds, {"pairs": 50}, f"datasets/{ds}.safetensors")
+    page, more = job_store.list_datasets(limit=2)
     assert [d.id for d in page] == [ids[2], ids[1]] and more
-    assert [d.id for d in store.list_datasets(after=ids[1])[0]] == [ids[0]]
-    job = add_job(store, dataset_id=ids[0])
-    assert store.data_paths() == {f"datasets/{ds}.safetensors" for ds in ids} | {job.data_path}
+    assert [d.id for d in job_store.list_datasets(after=ids[1])[0]] == [ids[0]]
+    job = add_job(job_store, dataset_id=ids[0])
+    assert job_store.data_paths() == {f"datasets/{ds}.safetensors" for ds in ids} | {job.data_path}
     with pytest.raises(ConflictError, match="used by the unfinished job"):
-        store.delete_dataset(ids[0])
-    store.request_cancel(job.id)
-    assert store.delete_dataset(ids[0]).id == ids[0]
-    for call in (store.get_dataset, store.delete_dataset):
+        job_store.delete_dataset(ids[0])
+    job_store.request_cancel(job.id)
+    assert job_store.delete_dataset(ids[0]).id == ids[0]
+    for call in (job_store.get_dataset, job_store.delete_dataset):
         with pytest.raises(DatasetNotFoundError):
             call(ids[0])
     with pytest.raises(DatasetNotFoundError):  # a job cannot be created on a deleted dataset
-        add_job(store, dataset_id=ids[0])
+        add_job(job_store, dataset_id=ids[0])
 
 
-def test_blobs_round_trip(store: JobStore, tmp_path: Path) -> None:
+def test_blobs_round_trip(job_store: JobStore, tmp_path: Path) -> None:
     data = np.random.default_rng(0).integers(0, 256, 20 * 2**20 + 5, dtype=np.uint8).tobytes()
     source = tmp_path / "big.safetensors"
     source.write_bytes(data)
     dest = tmp_path / "elsewhere" / "datasets" / "ds_big.safetensors"
-    store.put_blob("datasets/ds_big.safetensors", source)
-    if not store.shares_files:  # SQLite: the files in the data dir are all there is
-        assert not store.fetch_blob("datasets/ds_big.safetensors", dest) and not dest.exists()
+    job_store.put_blob("datasets/ds_big.safetensors", source)
+    if not job_store.shares_files:  # SQLite: the files in the data dir are all there is
+        assert not job_store.fetch_blob("datasets/ds_big.safetensors", dest) and not dest.exists()
         return
-    assert store.fetch_blob("datasets/ds_big.safetensors", dest)
+    assert job_store.fetch_blob("datasets/ds_big.safetensors", dest)
     assert dest.read_bytes() == data
     assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]  # no temporary left
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
-    store.put_blob("datasets/ds_big.safetensors", empty)  # replaced; an empty file exists
-    assert store.fetch_blob("datasets/ds_big.safetensors", dest) and dest.read_bytes() == b""
-    assert not store.fetch_blob("datasets/ds_absent.safetensors", tmp_path / "absent")
+    job_store.put_blob("datasets/ds_big.safetensors", empty)  # replaced; an empty file exists
+    assert job_store.fetch_blob("datasets/ds_big.safetensors", dest) and dest.read_bytes() == b""
+    assert not job_store.fetch_blob("datasets/ds_absent.safetensors", tmp_path / "absent")
     assert not (tmp_path / "absent").exists()
     # deleting a dataset deletes its bytes; delete_blob forgets job data
-    store.add_dataset("ds_big", {"pairs": 1}, "datasets/ds_big.safetensors")
-    store.delete_dataset("ds_big")
-    assert not store.fetch_blob("datasets/ds_big.safetensors", dest)
-    store.put_blob("job-data/job_x.safetensors", source)
-    store.delete_blob("job-data/job_x.safetensors")
-    assert not store.fetch_blob("job-data/job_x.safetensors", dest)
+    job_store.add_dataset("ds_big", {"pairs": 1}, "datasets/ds_big.safetensors")
+    job_store.delete_dataset("ds_big")
+    assert not job_store.fetch_blob("datasets/ds_big.safetensors", dest)
+    job_store.put_blob("job-data/job_x.safetensors", source)
+    job_store.delete_blob("job-data/job_x.safetensors")
+    assert not job_store.fetch_blob("job-data/job_x.safetensors", dest)
     assert dest.read_bytes() == b""  # untouched by the failed fetches

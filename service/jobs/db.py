@@ -18,9 +18,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lead.errors import StoreError
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "Connection",
@@ -66,8 +69,8 @@ class _SqliteConnection(Connection):
 
 
 class _PostgresConnection(Connection):
-    def __init__(self, conn: Any) -> None:
-        self.raw = conn  # psycopg.Connection[dict[str, Any]]
+    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+        self.raw = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
         assert "%" not in sql, sql  # would need escaping for psycopg
@@ -201,11 +204,19 @@ class PostgresDatabase(Database):
     now = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 
     def __init__(self, url: str) -> None:
-        from psycopg.conninfo import conninfo_to_dict
-
+        try:
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
+        except ImportError:
+            raise StoreError(
+                "a PostgreSQL job database needs psycopg: pip install 'psycopg[binary]'"
+            ) from None
         super().__init__()
         self._url = url
-        info = conninfo_to_dict(url)
+        try:
+            info = conninfo_to_dict(url)
+        except psycopg.Error:  # the message could quote the URL, password and all
+            raise StoreError("the job database URL is not a valid PostgreSQL URL") from None
         self._password = str(info.get("password") or "")
         user = f"{info['user']}@" if info.get("user") else ""
         port = f":{info['port']}" if info.get("port") else ""
@@ -237,7 +248,7 @@ class PostgresDatabase(Database):
         assert isinstance(conn, _PostgresConnection)
         conn.raw.close()
 
-    def raw(self) -> Any:
+    def raw(self) -> psycopg.Connection[Row]:
         """This thread's ``psycopg.Connection`` (for what the common dialect lacks: COPY,
         server-side cursors, binary parameters)."""
         conn = self.connection()

@@ -31,7 +31,8 @@ from service.jobs.dataset_ops import DatasetOps
 from service.jobs.db import Connection, open_database
 from service.jobs.leases import LeaseOps, owner_id, owner_is_dead
 from service.jobs.migrations import migrate
-from service.jobs.records import DatasetRecord, JobRecord, StitchState, dumps, loads, new_id
+from service.jobs.records import DatasetRecord, JobRecord, StitchState, dumps, new_id
+from service.jobs.stitch_ops import StitchOps
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -54,7 +55,7 @@ class IdempotencyKeyTaken(Exception):
     looks that job up with :meth:`JobStore.find_idempotent`)."""
 
 
-class JobStore(LeaseOps, DatasetOps):
+class JobStore(LeaseOps, DatasetOps, StitchOps):
     """Job and dataset records in a SQLite file or a PostgreSQL database.
 
     Parameters
@@ -143,62 +144,6 @@ class JobStore(LeaseOps, DatasetOps):
     def _taken(conn: Connection, key: str) -> bool:
         return bool(conn.execute("SELECT id FROM jobs WHERE idempotency_key = ?", (key,)).rows)
 
-    def _producer(self, conn: Connection, stitch_id: str) -> dict[str, Any] | None:
-        """The job (at most one) that produces or produced ``stitch_id``: not failed or
-        cancelled; locked inside a transaction on PostgreSQL."""
-        return conn.execute(
-            "SELECT id, status, result FROM jobs"
-            f" WHERE stitch_id = ? AND status NOT IN ('failed', 'cancelled'){self._db.for_update}",
-            (stitch_id,),
-        ).fetchone()
-
-    def _check_producer(self, conn: Connection, stitch_id: str) -> None:
-        taken = self._producer(conn, stitch_id)
-        if taken is not None:
-            deleted = (loads(taken["result"]) or {}).get("stitch_deleted_at") is not None
-            raise ConflictError(
-                f"stitch id {stitch_id!r} was produced by job {taken['id']} and deleted; "
-                "the ids of deleted stitches are not used again"
-                if deleted
-                else f"stitch id {stitch_id!r} is already produced by job {taken['id']}",
-                param="stitch_id",
-            )
-
-    def mark_stitch_deleted(self, stitch_id: str) -> JobRecord | None:
-        """Record in the job that trained ``stitch_id`` that the stitch is deleted
-        (``result.stitch_deleted_at``, Unix seconds); None when no job produced it.
-
-        Raises
-        ------
-        ConflictError
-            If the job has not succeeded yet (queued, running or cancelling).
-        """
-        with self._db.transaction() as conn:
-            row = self._producer(conn, stitch_id)
-            if row is None:
-                return None
-            if row["status"] != "succeeded":
-                raise ConflictError(
-                    f"stitch {echo(stitch_id)} is still being trained by job {row['id']} "
-                    f"({row['status']}); cancel the job instead",
-                    param="stitch_id",
-                )
-            result = loads(row["result"]) or {"stitch_id": stitch_id}
-            if result.get("stitch_deleted_at") is None:
-                result["stitch_deleted_at"] = int(time.time())
-                result["served"] = False
-                result["not_served_reason"] = "deleted (DELETE /v1/stitches/{id})"
-            conn.execute("UPDATE jobs SET result = ? WHERE id = ?", (dumps(result), row["id"]))
-        return self.get_job(row["id"])
-
-    def stitch_deleted_at(self, stitch_id: str) -> tuple[str, int] | None:
-        """(job id, Unix seconds) when a job's stitch ``stitch_id`` was deleted, else None."""
-        row = self._producer(self._db.connection(), stitch_id)
-        if row is None:
-            return None
-        deleted = (loads(row["result"]) or {}).get("stitch_deleted_at")
-        return None if deleted is None else (str(row["id"]), int(deleted))
-
     def get_job(self, job_id: str) -> JobRecord:
         """The job with this id.
 
@@ -250,27 +195,6 @@ class JobStore(LeaseOps, DatasetOps):
         conn = self._db.connection()
         rows = conn.execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY seq").fetchall()
         return [r["id"] for r in rows]
-
-    def succeeded_stitches(self) -> dict[str, StitchState]:
-        """What the succeeded jobs' results say of their stitches, by stitch id, oldest
-        job first (by ``finished_at``)."""
-        rows = (
-            self._db.connection()
-            .execute(
-                "SELECT stitch_id, finished_at, result FROM jobs WHERE status = 'succeeded'"
-                " ORDER BY finished_at, stitch_id"
-            )
-            .fetchall()
-        )
-        states = {}
-        for row in rows:
-            result = loads(row["result"]) or {}
-            states[row["stitch_id"]] = StitchState(
-                # records from before ``served`` existed count as served
-                served=result.get("served") is not False,
-                deleted=result.get("stitch_deleted_at") is not None,
-            )
-        return states
 
     def claim_job(self, job_id: str) -> bool:
         """Move a ``queued`` job to ``running`` (one more attempt, no owner or lease); False

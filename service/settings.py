@@ -189,8 +189,8 @@ class Settings(BaseSettings):
         default=1,
         ge=1,
         description="Server processes (`scripts/serve.sh` passes it to `uvicorn --workers`), "
-        "each with its own copy of the stitches and its own micro-batcher. More than 1 needs "
-        "`LEAD_ENABLE_JOBS=false`: job records and trained stitches live in one process. On 2 "
+        "each with its own copy of the stitches and its own micro-batcher; they share the job "
+        "store, claim jobs from it and watch the stitch store like replicas do. On 2 "
         "cores shared with the clients, 2 workers measured no faster than 1 (bench/latency.py); "
         "on a many-core machine they take the HTTP work off one event loop.",
     )
@@ -306,15 +306,6 @@ class Settings(BaseSettings):
                     "list each key once, with one scope"
                 )
         return value
-
-    @model_validator(mode="after")
-    def _one_process_for_jobs(self) -> Settings:
-        if self.workers > 1 and self.enable_jobs:
-            raise ValueError(
-                f"workers={self.workers} needs enable_jobs=false (LEAD_ENABLE_JOBS=false): "
-                "training jobs, their records and their stitches belong to one process"
-            )
-        return self
 
     @field_validator("device")
     @classmethod

@@ -6,7 +6,9 @@
     ├── lead.sqlite3 (+ -wal, -shm)   job and dataset records
     ├── datasets/<dataset_id>.safetensors
     ├── job-data/<job_id>.safetensors  inline pairs sent with a job
-    └── stitches/<stitch_id>/          trained stitches (config.json, model.safetensors, README.md)
+    ├── stitches/<stitch_id>/          trained stitches (config.json, model.safetensors, README.md),
+    │                                  unless LEAD_STITCH_STORE puts them elsewhere
+    └── stitch-cache/                  local copies of stitches from an fsspec LEAD_STITCH_STORE
 
 Every file appears by an atomic rename, so anything whose name starts with ``.`` is a
 leftover of an interrupted write and is removed at start.
@@ -16,9 +18,16 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.jobs.store import JobStore
 
 __all__ = ["STITCH_ID_PATTERN", "DataLayout"]
 
@@ -70,6 +79,34 @@ class DataLayout:
     def relative(self, path: Path) -> str:
         """``path`` relative to the root, as stored in the database."""
         return path.relative_to(self.root).as_posix()
+
+    def local_file(self, store: JobStore, relative: str) -> Path:
+        """The local path of a dataset or job data file, fetched from the store's blobs
+        first when another server wrote it (PostgreSQL: every replica reads every dataset).
+
+        Raises
+        ------
+        DatasetNotFoundError
+            If the file is neither here nor in the store.
+        """
+        from lead.errors import DatasetNotFoundError
+
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() and not (store.shares_files and store.fetch_blob(relative, path)):
+            raise DatasetNotFoundError(f"the data file {relative} is gone", param="dataset")
+        return path
+
+    @contextmanager
+    def scratch(self, name: str) -> Iterator[Path]:
+        """A fresh folder for one write (under ``stitches/``, removed afterwards; a crash
+        leaves a dot-folder that :meth:`clean_leftovers` removes)."""
+        folder = self.stitches / f".tmp-{name}-{secrets.token_hex(4)}"
+        folder.mkdir(parents=True)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def prepare(self) -> None:
         """Create the folders."""

@@ -193,18 +193,3 @@ class LeaseOps:
                 (owner,),
             ).fetchall()
             return [_settle(conn, row, max_attempts, "its replica stopped") for row in rows]
-
-    def recover(self) -> tuple[list[str], list[str]]:
-        """Settle every running or cancelling job whatever its lease, without retries; the
-        ids of the queued jobs and the stitch ids of the jobs now ``failed``.
-
-        For a single replica at start-up only (on a shared database it would settle the jobs
-        of the other replicas too); :meth:`reap` replaces it.
-        """
-        with self._db.transaction() as conn:
-            rows = conn.execute(f"SELECT * FROM jobs WHERE {_HELD}{self._db.for_update}").fetchall()
-            why = "the server stopped while the job was running"
-            settled = [_settle(conn, row, 0, why) for row in rows]
-            queued = conn.execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY seq")
-        failed = [job.stitch_id for job in settled if job.status == "failed"]
-        return [r["id"] for r in queued.fetchall()], failed

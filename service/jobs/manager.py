@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import logging
-import math
-import os
 import re
-import secrets
-import shutil
-import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from functools import partial
@@ -34,6 +30,7 @@ from lead.errors import (
     ConflictError,
     DecodeError,
     IdempotencyKeyReusedError,
+    InvalidInputError,
     LeadError,
     LimitExceededError,
     ModelMismatchError,
@@ -45,9 +42,13 @@ from service.encoding import decode_vectors
 from service.errors import echo
 from service.jobs.datasets import inspect_dataset, load_paired, publish, receive_upload, save_pairs
 from service.jobs.layout import DataLayout
-from service.jobs.runner import ProcessRunner, Runner
+from service.jobs.process_runner import ProcessRunner
+from service.jobs.ray_runner import RayRunner
+from service.jobs.runner import Runner
 from service.jobs.schemas import AlignRequest, JobCreate, PairsInput
-from service.jobs.store import DatasetRecord, JobRecord, JobStore, new_id
+from service.jobs.stitch_store import StitchStore, open_stitch_store
+from service.jobs.store import DatasetRecord, IdempotencyKeyTaken, JobRecord, JobStore, new_id
+from service.jobs.watcher import StitchWatcher
 from service.jobs.worker import WorkerConfig
 from service.registry import StitchRegistry
 from service.settings import Settings
@@ -116,7 +117,8 @@ class JobManager:
     registry : StitchRegistry, optional
         Where trained stitches are registered for translation (saved ones at start too).
     runner : Runner, optional
-        Default: a :class:`~service.jobs.runner.ProcessRunner`.
+        Default: a :class:`~service.jobs.ray_runner.RayRunner` with ``ray_address``, else
+        a :class:`~service.jobs.process_runner.ProcessRunner`.
     """
 
     def __init__(
@@ -130,6 +132,8 @@ class JobManager:
         self.layout = DataLayout(Path(settings.data_dir).expanduser().resolve())
         self.runner: Runner | None = runner
         self._store: JobStore | None = None
+        self._stitches: StitchStore | None = None
+        self.watcher: StitchWatcher | None = None
         self._deleting = threading.Lock()
 
     @property
@@ -139,89 +143,103 @@ class JobManager:
             raise NotReadyError("the job store is not open yet")
         return self._store
 
+    @property
+    def stitches(self) -> StitchStore:
+        """Where trained stitches are published (opened by :meth:`start`)."""
+        if self._stitches is None:
+            raise NotReadyError("the stitch store is not open yet")
+        return self._stitches
+
     # -------------------------------------------------------------- life cycle
     def start(self) -> None:
-        """Recover from the last run, register saved stitches, start the runner.
+        """Open the stores, settle jobs left by dead servers, serve the published stitches,
+        start the runner and the stitch watcher.
 
-        Leftovers of interrupted writes are removed; ``running`` jobs become ``failed``
-        (``interrupted``) and their partial stitch folders are removed; ``queued`` jobs are
-        submitted again. Saved stitches are served again, except those whose job decided
-        not to serve them (``result.served`` false: below the baseline).
+        Leftovers of interrupted writes are removed. Running jobs whose server is gone (this
+        one, before a crash) are queued again or ``failed`` (``interrupted``) after their
+        last attempt (:meth:`JobStore.reap`). Published stitches are served again, oldest
+        job first, except those whose job decided not to serve them (below the baseline)
+        and deleted ones (a folder that survived a crash during the deletion is removed).
         """
+        settings = self.settings
         self.layout.prepare()
         self.layout.clean_leftovers()
-        self._store = JobStore(self.layout.db)
-        queued, interrupted = self.store.recover()
-        for stitch_id in interrupted:
-            shutil.rmtree(self.layout.stitch_dir(stitch_id), ignore_errors=True)
+        database = settings.database_url
+        self._store = JobStore(self.layout.db if database is None else database.get_secret_value())
+        token = None if settings.hf_token is None else settings.hf_token.get_secret_value()
+        self._stitches = open_stitch_store(settings.stitch_store, self.layout.root, token)
+        self.store.reap(settings.job_max_attempts)
         known = self.store.data_paths()
         for path in [*self.layout.datasets.iterdir(), *self.layout.job_data.iterdir()]:
             if self.layout.relative(path) not in known:  # written just before a crash
                 logger.warning("removing %s: no dataset or job refers to it", path)
                 path.unlink(missing_ok=True)
-        # registered oldest job first: "the newest job" keeps its meaning for routing
-        # after a restart (folders sort by name, not by age)
-        stitches = self.store.succeeded_stitches()
-        order = {stitch_id: i for i, stitch_id in enumerate(stitches)}
-        folders = sorted(
-            self.layout.stitch_dirs(), key=lambda f: (order.get(f.name, math.inf), f.name)
-        )
-        for folder in folders:
-            state = stitches.get(folder.name)
-            if state is not None and state.deleted:  # the server stopped while deleting it
-                logger.warning("removing %s: its stitch was deleted", folder)
-                shutil.rmtree(folder, ignore_errors=True)
-            elif state is None or state.served:
-                self._register(folder.name)
-        if self.runner is None:
-            token = self.settings.hf_token
-            config = WorkerConfig(
-                data_dir=str(self.layout.root),
-                torch_threads=self.settings.job_torch_threads,
-                nice=self.settings.job_nice,
-                hf_token=None if token is None else token.get_secret_value(),
+        for stitch_id, state in self.store.succeeded_stitches().items():
+            if state.deleted and self.stitches.exists(stitch_id):  # stopped while deleting
+                logger.warning("removing stitch %s: it was deleted", stitch_id)
+                self.stitches.delete(stitch_id)
+        if self.registry is not None:
+            self.watcher = StitchWatcher(
+                self.store, self.stitches, self.registry, settings.stitch_poll_seconds
             )
-            self.runner = ProcessRunner(
+            self.watcher.sync()
+            self.watcher.start()
+        if self.runner is None:
+            self.runner = self._new_runner(token)
+        self.runner.start()
+
+    def _new_runner(self, token: str | None) -> Runner:
+        settings = self.settings
+        database = settings.database_url
+        config = WorkerConfig(
+            data_dir=str(self.layout.root),
+            database=str(self.layout.db if database is None else database.get_secret_value()),
+            stitch_store=settings.stitch_store or str(self.layout.stitches),
+            torch_threads=settings.job_torch_threads,
+            nice=settings.job_nice,
+            hf_token=token,
+        )
+        loop: dict[str, Any] = {
+            "on_succeeded": self._on_succeeded,
+            "lease_s": settings.job_lease_seconds,
+            "max_attempts": settings.job_max_attempts,
+            "cancel_grace_s": settings.job_cancel_grace_seconds,
+            "poll_s": settings.stitch_poll_seconds,
+        }
+        if settings.ray_address:
+            return RayRunner(
                 self.store,
                 config,
-                workers=self.settings.job_workers,
-                on_succeeded=self._on_succeeded,
-                cancel_grace_s=self.settings.job_cancel_grace_seconds,
+                address=settings.ray_address,
+                workers=settings.job_workers,
+                **loop,
             )
-        self.runner.start()
-        for job_id in queued:
-            self.runner.submit(job_id)
+        return ProcessRunner(self.store, config, workers=settings.job_workers, **loop)
 
     def stop(self) -> None:
         """Stop the runner (jobs still training become ``interrupted``)."""
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.runner is not None:
             self.runner.stop()
         if self._store is not None:
             self._store.close()
 
     def _on_succeeded(self, job: JobRecord) -> None:
-        """Serve a finished job's stitch, unless its result says not to (below baseline)."""
-        if (job.result or {}).get("served", True):
-            self._register(job.stitch_id, strict=True)
-
-    def _register(self, stitch_id: str, *, strict: bool = False) -> None:
-        if self.registry is None:
+        """Serve a finished job's stitch here at once, unless its result says not to (below
+        baseline); other servers' watchers serve it within ``stitch_poll_seconds``. A stitch
+        that cannot be served is removed from the stitch store (the job fails)."""
+        if self.registry is None or not (job.result or {}).get("served", True):
             return
         from lead.artifacts import load_stitch
 
         try:
-            stitch = load_stitch(
-                self.layout.stitch_dir(stitch_id),
-                device=self.registry.device,
-                dtype=torch.float32,  # the registry decides the serving precision
-            )
-            self.registry.register(
-                stitch_id, stitch, origin="job", folder=self.layout.stitch_dir(stitch_id)
-            )
+            folder = self.stitches.local_folder(job.stitch_id)
+            stitch = load_stitch(folder, device=self.registry.device, dtype=torch.float32)
+            self.registry.register(job.stitch_id, stitch, origin="job", folder=folder)
         except Exception:
-            if strict:
-                raise
-            logger.exception("trained stitch %s could not be served", stitch_id)
+            self.stitches.delete(job.stitch_id)
+            raise
 
     # -------------------------------------------------------------------- jobs
     def create_job(
@@ -295,13 +313,21 @@ class JobManager:
             body.stitch_id
             or f"{_slug(body.source_model)}-to-{_slug(body.target_model)}-{job_id[4:12]}"
         )
-        if (self.registry is not None and stitch_id in self.registry) or self.layout.stitch_dir(
+        if (self.registry is not None and stitch_id in self.registry) or self.stitches.exists(
             stitch_id
-        ).exists():
+        ):
             raise ConflictError(f"a stitch with id {stitch_id!r} exists already", param="stitch_id")
+        if body.resources is not None and body.resources.gpus > 0 and not self.settings.ray_address:
+            raise InvalidInputError(
+                "resources.gpus needs jobs on Ray (LEAD_RAY_ADDRESS); this server trains in its "
+                "own processes",
+                param="resources.gpus",
+            )
         stored = {k: v for k, v in request.items() if k not in ("source", "target")}
         if inline is not None:
             save_pairs(self.layout.root / data_path, *inline)
+            if self.store.shares_files:  # every server and Ray worker reads it from the store
+                self.store.put_blob(data_path, self.layout.root / data_path)
         try:
             job = self.store.create_job(
                 job_id=job_id,
@@ -316,7 +342,9 @@ class JobManager:
         except BaseException as exc:
             if inline is not None:
                 (self.layout.root / data_path).unlink(missing_ok=True)
-            if isinstance(exc, sqlite3.IntegrityError) and idempotency_key is not None:
+                if self.store.shares_files:
+                    self.store.delete_blob(data_path)
+            if isinstance(exc, IdempotencyKeyTaken) and idempotency_key is not None:
                 earlier = self._idempotent(idempotency_key, digest)  # a concurrent twin won
                 if earlier is not None:
                     return earlier, False
@@ -375,10 +403,10 @@ class JobManager:
         """Stop serving a stitch trained by a job and delete its folder.
 
         The job that trained it is marked first (``result.stitch_deleted_at``): that is the
-        commit point, so a folder whose stitch was deleted is removed at start-up when the
-        server stopped half-way. The folder is renamed away (one atomic step), then removed.
-        Requests already translating with the stitch finish with it. Its id is not used
-        again by later jobs.
+        commit point, so a published copy whose stitch was deleted is removed at start-up
+        when the server stopped half-way, and every other server stops serving it within
+        ``stitch_poll_seconds``. Requests already translating with the stitch finish with
+        it. Its id is not used again by later jobs.
 
         Returns
         -------
@@ -409,8 +437,8 @@ class JobManager:
                     "(or models/) and restart the server",
                     param="stitch_id",
                 )
-            folder = self._saved_folder(stitch_id)
-            if entry is None and folder is None:
+            saved = self._saved(stitch_id)
+            if entry is None and not saved:
                 deleted = self.store.stitch_deleted_at(stitch_id)
                 if deleted is not None:
                     raise StitchNotFoundError(
@@ -422,24 +450,20 @@ class JobManager:
                     f"no stitch {echo(stitch_id)}", param="stitch_id"
                 )
             job = self.store.mark_stitch_deleted(stitch_id)
-            trash = None
-            if folder is not None:
-                trash = folder.with_name(f".deleted-{folder.name}-{secrets.token_hex(4)}")
-                os.replace(folder, trash)
             if entry is not None and self.registry is not None:
-                self.registry.remove(stitch_id)
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
+                with contextlib.suppress(StitchNotFoundError):  # the watcher was quicker
+                    self.registry.remove(stitch_id)
+            if saved:
+                self.stitches.delete(stitch_id)
             logger.info("deleted stitch %s (job %s)", stitch_id, job.id if job else "none")
             return job
 
-    def _saved_folder(self, stitch_id: str) -> Path | None:
-        """The folder of a trained stitch under the data directory, if there is one."""
+    def _saved(self, stitch_id: str) -> bool:
+        """Whether a trained stitch with this id is in the stitch store."""
         try:
-            folder = self.layout.stitch_dir(stitch_id)
-        except ValueError:  # not a local stitch id (a Hub id, say)
-            return None
-        return folder if folder.is_dir() else None
+            return self.stitches.exists(stitch_id)
+        except ValueError:  # not a trained stitch's id (a Hub id, say)
+            return False
 
     # ---------------------------------------------------------------- datasets
     async def upload_dataset(
@@ -465,6 +489,9 @@ class JobManager:
                 partial(inspect_dataset, tmp, max_rows=self.settings.max_dataset_rows)
             )
             await anyio.to_thread.run_sync(publish, tmp, final)
+            if self.store.shares_files:  # every server and Ray worker reads it from the store
+                relative = self.layout.relative(final)
+                await anyio.to_thread.run_sync(self.store.put_blob, relative, final)
         finally:
             tmp.unlink(missing_ok=True)
         info.update(bytes=size, sha256=sha256, name=name or info.get("name"))
@@ -474,6 +501,8 @@ class JobManager:
             )
         except BaseException:
             final.unlink(missing_ok=True)
+            if self.store.shares_files:
+                self.store.delete_blob(self.layout.relative(final))
             raise
 
     def delete_dataset(self, dataset_id: str) -> DatasetRecord:
@@ -491,7 +520,7 @@ class JobManager:
 
         if body.dataset is not None:
             dataset = self.store.get_dataset(body.dataset)
-            data = load_paired(self.layout.root / dataset.path)
+            data = load_paired(self.layout.local_file(self.store, dataset.path))
             source, target = data.source, data.target
         else:
             source, target = self._inline_pairs(body)

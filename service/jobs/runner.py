@@ -1,60 +1,51 @@
-"""Run training jobs outside the event loop: the :class:`Runner` protocol and a process pool.
+"""Run training jobs outside the event loop: the :class:`Runner` protocol and the lease loop
+every runner shares.
 
-:class:`ProcessRunner` keeps up to ``workers`` worker processes, started with the ``spawn``
-method (never ``fork``: the server holds threads, sockets and torch state that a forked
-child must not inherit). A worker is spawned when the first job needs it and then stays,
-so torch is imported once per worker rather than once per job. A supervisor thread in the
-server process
+A runner never trusts its own memory for what to run: the job store is the queue. Any
+number of runners (one per server process, on any number of machines) share one store:
 
-- claims queued jobs (``queued`` → ``running`` in SQLite) and hands each to an idle worker;
-- on a worker's ``finished`` event, calls ``on_succeeded`` (which registers the new stitch
-  for translation, unless the job's result says it is not served) *before* marking the job
-  ``succeeded``, so a client that sees the status can translate with the stitch in its next
-  request;
-- replaces a worker that died (its job is ``failed`` with the code ``worker_crashed``; a
-  worker that dies before it is ready is restarted after a growing delay, up to 30 s), and
-  kills one that ignores a cancellation for ``cancel_grace_s`` seconds.
+- a runner with a free slot **claims** the oldest queued job (``queued`` → ``running`` with
+  its owner id and a lease, :meth:`~service.jobs.store.JobStore.claim_next`; on
+  PostgreSQL with ``SKIP LOCKED``, so no job is claimed twice);
+- it **renews** the leases of its running jobs every third of the lease; a job whose lease
+  it could not renew was taken away from it (its lease ran out meanwhile) and is stopped;
+- every runner **reaps** jobs whose lease ran out or whose owner process is gone
+  (:meth:`~service.jobs.store.JobStore.reap`): queued again until they have been started
+  ``max_attempts`` times, then ``failed`` with the code ``interrupted``;
+- a cancellation asked through any server (``cancelling`` in the store) is seen within half
+  a second; the job has ``cancel_grace_s`` seconds to stop itself before it is killed;
+- on a job's success, ``on_succeeded`` (which registers the stitch for translation) runs
+  *before* the job is marked ``succeeded``, so a client that sees the status can translate
+  with the stitch in its next request to this server (other servers register it within
+  ``LEAD_STITCH_POLL_SECONDS``).
 
-Spawned workers re-import the ``__main__`` module of the server process, as every ``spawn``
-child does: a script that starts the app must guard it with ``if __name__ == "__main__":``
-(the ``uvicorn`` and ``pytest`` entry points need nothing).
-
-The routes only use :class:`Runner` (``submit``, ``cancel``, ``start``, ``stop``), so a queue
-engine such as RQ can replace this class without touching them.
+:class:`~service.jobs.process_runner.ProcessRunner` runs jobs in spawned processes,
+:class:`~service.jobs.ray_runner.RayRunner` as Ray tasks; they only say how a job is
+started, polled and stopped.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import queue
-import shutil
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
-from multiprocessing.queues import Queue
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from service.jobs.layout import DataLayout
-from service.jobs.store import JobRecord, JobStore
-from service.jobs.worker import WorkerConfig, worker_main
+from service.jobs.store import JobRecord, JobStore, owner_id
 
-__all__ = ["OnSucceeded", "ProcessRunner", "Runner"]
+__all__ = ["JobLoop", "OnSucceeded", "Outcome", "Runner"]
 
 logger = logging.getLogger("lead.jobs.runner")
 
-#: Called in the supervisor thread with a job whose stitch is saved; registers the stitch.
+#: Called in the runner's thread with a job whose stitch is published; registers the stitch.
 OnSucceeded = Callable[[JobRecord], None]
+#: What a finished attempt reports: (job id, ``succeeded`` | ``failed`` | ``cancelled`` |
+#: ``crashed``, a message for ``crashed``).
+Outcome = tuple[str, str, str | None]
 
 _TICK_S = 0.05
-_INTERRUPTED = {
-    "code": "interrupted",
-    "message": "the server stopped while the job was running; submit it again",
-}
+_STATUS_EVERY_S = 0.5
 
 
 class Runner(Protocol):
@@ -64,270 +55,235 @@ class Runner(Protocol):
         """Start executing (threads, connections; workers may start later)."""
 
     def stop(self) -> None:
-        """Stop executing; jobs still running are ``failed`` with ``interrupted``."""
+        """Stop executing; jobs still running are queued again (or failed ``interrupted``)."""
 
     def submit(self, job_id: str) -> None:
-        """Execute a ``queued`` job when capacity allows."""
+        """A job was queued: look for work now rather than at the next poll."""
 
     def cancel(self, job_id: str) -> None:
         """Stop a job that the store already marked ``cancelling``."""
 
 
-@dataclass
-class _Slot:
-    """One worker process with its own task and event queues (a killed worker can corrupt
-    a queue it was writing to, so no queue is shared between workers)."""
+class JobLoop:
+    """The claim / lease / reap / cancel loop, in one supervisor thread.
 
-    process: BaseProcess
-    tasks: Queue[str | None]
-    events: Queue[tuple[Any, ...]]
-    job_id: str | None = None
-    cancel_deadline: float | None = None
-    ready: bool = False
-
-    def close(self) -> None:
-        """Close the queues and release the (exited) process."""
-        for q in (self.tasks, self.events):
-            q.close()
-            q.cancel_join_thread()
-        self.process.close()
-
-
-class ProcessRunner:
-    """A pool of spawned worker processes, one job each at a time.
+    Subclasses implement :meth:`_free_slots`, :meth:`_launch`, :meth:`_poll`,
+    :meth:`_abort` and :meth:`_close`, and may override :meth:`_ask_to_stop`.
 
     Parameters
     ----------
     store : JobStore
-        The job records (shared with the routes).
-    config : WorkerConfig
-        What each worker needs (data dir, torch threads, niceness, Hub token).
-    workers : int, default 1
-        Jobs that train at once.
+        The shared job records.
     on_succeeded : callable, optional
-        ``on_succeeded(job)`` for a job whose stitch is saved; if it raises, the job fails
-        with ``registration_failed`` and the stitch folder is removed.
+        ``on_succeeded(job)`` for a job whose stitch is published; if it raises, the job
+        fails with ``registration_failed``.
+    lease_s : float, default 15
+        Lease of a running job (``LEAD_JOB_LEASE_SECONDS``).
+    max_attempts : int, default 2
+        Starts of a job at most (``LEAD_JOB_MAX_ATTEMPTS``).
     cancel_grace_s : float, default 10
-        Seconds a running job has to stop after a cancellation before its worker is killed.
+        Seconds a job has to stop after a cancellation before it is killed.
+    poll_s : float, default 1
+        How often to look for jobs queued through other servers.
     """
 
     def __init__(
         self,
         store: JobStore,
-        config: WorkerConfig,
         *,
-        workers: int = 1,
         on_succeeded: OnSucceeded | None = None,
+        lease_s: float = 15.0,
+        max_attempts: int = 2,
         cancel_grace_s: float = 10.0,
+        poll_s: float = 1.0,
     ) -> None:
-        self.store, self.config, self.workers = store, config, max(1, workers)
+        self.store = store
         self.on_succeeded = on_succeeded
-        self.cancel_grace_s = cancel_grace_s
-        self.layout = DataLayout(Path(config.data_dir))
-        self._ctx = mp.get_context("spawn")
-        self._slots: list[_Slot | None] = []
-        self._respawn_at: dict[int, float] = {}
-        self._crash_streak = 0
-        self._pending: deque[str] = deque()
+        self.lease_s, self.max_attempts = lease_s, max_attempts
+        self.cancel_grace_s, self.poll_s = cancel_grace_s, poll_s
+        self.owner = owner_id()
+        self.running: dict[str, float | None] = {}  # job id → cancellation deadline
         self._cancels: set[str] = set()
         self._lock = threading.Lock()
+        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._due: dict[str, float] = {}
 
     # ------------------------------------------------------------ protocol
     def start(self) -> None:
-        """Start the supervisor thread; workers are spawned when jobs arrive."""
+        """Start the supervisor thread."""
         self._stopping.clear()
-        self._slots = [None] * self.workers
+        self._wake.set()  # jobs queued before the start
         self._thread = threading.Thread(target=self._supervise, name="lead-job-runner", daemon=True)
         self._thread.start()
 
     def submit(self, job_id: str) -> None:
-        """Queue a job id; the supervisor hands it to the next idle worker."""
-        with self._lock:
-            self._pending.append(job_id)
+        """Look for queued jobs now."""
+        self._wake.set()
 
     def cancel(self, job_id: str) -> None:
-        """Start the grace period of a job being cancelled (the worker checks the store)."""
+        """Start the grace period of a job being cancelled."""
         with self._lock:
             self._cancels.add(job_id)
 
     def stop(self) -> None:
-        """Stop the supervisor and kill the workers; running jobs become ``interrupted``.
-
-        Workers are killed rather than asked to finish: a job may train for hours, and an
-        idle worker holds nothing that needs a clean exit.
+        """Stop the supervisor and every job of this runner; its running jobs are queued
+        again for another server (or ``failed`` / ``interrupted`` after their last attempt).
         """
         if not self._halt():
             return
-        for slot in self._live_slots():
-            if slot.job_id is not None:
-                self.store.finish_job(slot.job_id, "failed", error=_INTERRUPTED)
+        for job_id in list(self.running):
+            self._abort(job_id)
+        self.store.release(self.owner, self.max_attempts)
+        self.running.clear()
         self._close()
 
-    # --------------------------------------------------------------- extra
     def kill(self) -> None:
-        """Kill every worker at once, as a crash would, leaving the store untouched (tests)."""
+        """Stop at once as a crash would, leaving the store untouched (tests)."""
         if self._halt():
+            for job_id in list(self.running):
+                self._abort(job_id)
+            self.running.clear()
             self._close()
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live workers (for monitoring and tests)."""
-        return [s.process.pid for s in self._live_slots() if s.process.pid is not None]
+    # ------------------------------------------------------------- hooks
+    def _free_slots(self) -> int:
+        """Jobs this runner can start now."""
+        raise NotImplementedError
+
+    def _launch(self, job: JobRecord) -> None:
+        """Start a claimed job."""
+        raise NotImplementedError
+
+    def _poll(self) -> list[Outcome]:
+        """Attempts that ended since the last call."""
+        raise NotImplementedError
+
+    def _ask_to_stop(self, job_id: str) -> None:
+        """A cancellation began (the job also sees it in the store at its next check)."""
+
+    def _abort(self, job_id: str) -> None:
+        """Kill a job's execution now (its store writes are owner-guarded)."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Release workers and connections."""
+        raise NotImplementedError
 
     # ---------------------------------------------------------- internals
-    def _live_slots(self) -> list[_Slot]:
-        return [slot for slot in self._slots if slot is not None]
-
     def _halt(self) -> bool:
         """Stop the supervisor thread; False if the runner was not running."""
         if self._thread is None:
             return False
         self._stopping.set()
+        self._wake.set()
         self._thread.join()
         self._thread = None
         return True
 
-    def _close(self) -> None:
-        """Kill and reap every worker, close its queues."""
-        for slot in self._live_slots():
-            if slot.process.is_alive():
-                slot.process.kill()
-            slot.process.join()
-            slot.close()
-        self._slots = []
-
-    def _spawn(self, index: int) -> _Slot:
-        tasks: Queue[str | None] = self._ctx.Queue()
-        events: Queue[tuple[Any, ...]] = self._ctx.Queue()
-        process = self._ctx.Process(
-            target=worker_main,
-            args=(self.config, index, tasks, events),
-            name=f"lead-job-worker-{index}",
-            daemon=True,
-        )
-        process.start()
-        return _Slot(process, tasks, events)
+    def _every(self, name: str, seconds: float) -> bool:
+        """True at most once per ``seconds`` for each ``name``."""
+        now = time.monotonic()
+        if now < self._due.get(name, 0.0):
+            return False
+        self._due[name] = now + seconds
+        return True
 
     def _supervise(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._drain_events()
-                self._replace_dead_workers()
-                self._enforce_cancellations()
-                self._dispatch()
+                self._tick()
             except Exception:  # keep supervising; a failing store is logged, not fatal
                 logger.exception("job runner supervisor error")
                 self._stopping.wait(0.5)
 
-    def _drain_events(self) -> None:
-        handled = 0
-        for slot in self._live_slots():
-            while True:
-                try:
-                    event = slot.events.get_nowait()
-                except (queue.Empty, OSError, EOFError):
-                    break
-                self._handle(slot, event)
-                handled += 1
-        if not handled:
-            self._stopping.wait(_TICK_S)
+    def _tick(self) -> None:
+        for job_id, outcome, message in self._poll():
+            self._settle(job_id, outcome, message)
+        if self.running and self._every("renew", self.lease_s / 3):
+            kept = self.store.renew_leases(self.owner, list(self.running), self.lease_s)
+            for job_id in set(self.running) - kept:
+                logger.warning("job %s was taken from this server (lease lost); stopping", job_id)
+                self._abort(job_id)
+                self.running.pop(job_id, None)
+        if self.running and self._every("status", _STATUS_EVERY_S):
+            statuses = self.store.active_statuses(list(self.running))
+            with self._lock:
+                self._cancels |= {j for j, s in statuses.items() if s == "cancelling"}
+        self._enforce_cancellations()
+        reap = self._every("reap", self.lease_s / 3)
+        if reap and any(job.status == "queued" for job in self.store.reap(self.max_attempts)):
+            self._wake.set()
+        if self._wake.is_set() or self._every("claim", self.poll_s):
+            self._wake.clear()
+            self._dispatch()
+        self._stopping.wait(_TICK_S)
 
-    def _handle(self, slot: _Slot, event: tuple[Any, ...]) -> None:
-        if event[0] == "ready":
-            slot.ready, self._crash_streak = True, 0
-            return
-        _, _, job_id, outcome = event
-        if slot.job_id == job_id:
-            slot.job_id, slot.cancel_deadline = None, None
+    def _dispatch(self) -> None:
+        while self._free_slots() > 0 and not self._stopping.is_set():
+            job = self.store.claim_next(self.owner, self.lease_s)
+            if job is None:
+                return
+            self.running[job.id] = None
+            try:
+                self._launch(job)
+            except Exception as exc:
+                logger.exception("could not start job %s", job.id)
+                self.running.pop(job.id, None)
+                self.store.finish_job(
+                    job.id,
+                    "failed",
+                    error={"code": "internal_error", "message": f"could not start: {exc}"},
+                    owner=self.owner,
+                )
+
+    def _enforce_cancellations(self) -> None:
+        with self._lock:
+            cancels = self._cancels & set(self.running)
+            self._cancels &= set(self.running)
+        now = time.monotonic()
+        for job_id in cancels:
+            deadline = self.running[job_id]
+            if deadline is None:
+                self.running[job_id] = now + self.cancel_grace_s
+                self._ask_to_stop(job_id)
+            elif now > deadline:
+                logger.warning("job %s ignored its cancellation; killing it", job_id)
+                self._abort(job_id)
+                self.running.pop(job_id, None)
+                self.store.finish_job(job_id, "cancelled", owner=self.owner)
+
+    def _settle(self, job_id: str, outcome: str, message: str | None) -> None:
+        cancelling = self.running.pop(job_id, None) is not None
         with self._lock:
             self._cancels.discard(job_id)
         if outcome == "succeeded":
             self._finalize(job_id)
-        elif outcome == "crashed":
+        elif outcome == "crashed" or (outcome == "cancelled" and cancelling):
             self.store.finish_job(
                 job_id,
-                "failed",
-                error={"code": "internal_error", "message": "the training worker failed"},
+                "cancelled" if cancelling else "failed",
+                error=None if cancelling else {"code": "worker_crashed", "message": message or ""},
+                owner=self.owner,
             )
 
     def _finalize(self, job_id: str) -> None:
         job = self.store.get_job(job_id)
+        if job.owner != self.owner or job.status not in ("running", "cancelling"):
+            return  # settled elsewhere meanwhile (its lease ran out)
         try:
-            self.store.update_progress(job_id, "registering", 0, 1)
+            self.store.update_progress(job_id, "registering", 0, 1, owner=self.owner)
             if self.on_succeeded is not None:
                 self.on_succeeded(job)
         except Exception as exc:
             logger.exception("could not register the stitch of job %s", job_id)
-            shutil.rmtree(self.layout.stitch_dir(job.stitch_id), ignore_errors=True)
             self.store.finish_job(
                 job_id,
                 "failed",
                 error={"code": "registration_failed", "message": f"{type(exc).__name__}: {exc}"},
+                owner=self.owner,
             )
             return
-        self.store.update_progress(job_id, "done", 1, 1)
-        self.store.finish_job(job_id, "succeeded")
-
-    def _replace_dead_workers(self) -> None:
-        for index, slot in enumerate(self._slots):
-            if slot is None or slot.process.is_alive():
-                continue
-            code = slot.process.exitcode
-            self._drain_events()  # a job that finished just before the exit
-            if slot.job_id is not None:
-                cancelled = slot.cancel_deadline is not None
-                self.store.finish_job(
-                    slot.job_id,
-                    "cancelled" if cancelled else "failed",
-                    error=None
-                    if cancelled
-                    else {
-                        "code": "worker_crashed",
-                        "message": f"the training process exited unexpectedly (code {code})",
-                    },
-                )
-            if not slot.ready:  # died while starting: back off before the next try
-                self._crash_streak += 1
-            delay = min(30.0, 0.5 * 2**self._crash_streak) if self._crash_streak else 0.0
-            logger.warning("job worker %d exited (code %s); restart in %.1f s", index, code, delay)
-            slot.close()
-            self._slots[index] = None
-            self._respawn_at[index] = time.monotonic() + delay
-
-    def _enforce_cancellations(self) -> None:
-        with self._lock:
-            cancels = set(self._cancels)
-        now = time.monotonic()
-        for slot in self._live_slots():
-            if slot.job_id is None or slot.job_id not in cancels:
-                continue
-            if slot.cancel_deadline is None:
-                slot.cancel_deadline = now + self.cancel_grace_s
-            elif now > slot.cancel_deadline and slot.process.is_alive():
-                logger.warning("job %s ignored its cancellation; killing its worker", slot.job_id)
-                slot.process.kill()
-                slot.process.join()  # _replace_dead_workers marks it cancelled
-
-    def _next_pending(self) -> str | None:
-        with self._lock:
-            return self._pending.popleft() if self._pending else None
-
-    def _dispatch(self) -> None:
-        """Hand pending jobs to idle workers, spawning workers as needed."""
-        for index, slot in enumerate(self._slots):
-            if not self._pending:
-                return
-            if slot is None:
-                if time.monotonic() < self._respawn_at.get(index, 0.0):
-                    continue
-                slot = self._slots[index] = self._spawn(index)
-            if slot.job_id is not None or not slot.process.is_alive():
-                continue
-            while (job_id := self._next_pending()) is not None:
-                if self.store.claim_job(job_id):
-                    slot.job_id = job_id
-                    slot.tasks.put(job_id)
-                    break
-                with self._lock:  # cancelled while queued
-                    self._cancels.discard(job_id)
+        self.store.update_progress(job_id, "done", 1, 1, owner=self.owner)
+        self.store.finish_job(job_id, "succeeded", owner=self.owner)

@@ -170,6 +170,23 @@ class PairsInput(BaseModel):
         return self
 
 
+class JobResources(BaseModel):
+    """What a job asks of the cluster (used when jobs run on Ray, ``LEAD_RAY_ADDRESS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: int = Field(
+        default=1, ge=1, le=1024, strict=True, description="Ray `num_cpus`, and torch threads."
+    )
+    gpus: float = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Ray `num_gpus`; a gradient method (mlp, invertible, ...) then trains on "
+        "`cuda` unless `options.device` says otherwise. Needs `LEAD_RAY_ADDRESS`.",
+    )
+
+
 class JobCreate(PairsInput):
     """Body of ``POST /v1/jobs``."""
 
@@ -225,6 +242,12 @@ class JobCreate(PairsInput):
         default=None,
         pattern=STITCH_ID_PATTERN,
         description="Id of the resulting stitch; default `<source>-to-<target>-<job>`.",
+    )
+    resources: JobResources | None = Field(
+        default=None,
+        description="CPUs and GPUs for the job's Ray task (default 1 CPU, no GPU). Without "
+        "`LEAD_RAY_ADDRESS` jobs train in this server's worker processes "
+        "(`LEAD_JOB_TORCH_THREADS`) and asking for GPUs is refused (422).",
     )
     # strict: JSON true / false only (not "yes", 1 or "true")
     allow_below_baseline: bool = Field(
@@ -302,6 +325,14 @@ class PushResult(BaseModel):
     reason: str | None = Field(default=None, description="Why the push failed or was skipped.")
 
 
+class JobWorker(BaseModel):
+    engine: Literal["process", "ray"] = Field(
+        description="`process`: a worker process of the server; `ray`: a Ray task."
+    )
+    host: str = Field(description="Host name of the machine that trained the stitch.")
+    pid: int = Field(description="Its process id.")
+
+
 class JobResult(BaseModel):
     stitch_id: str = Field(
         description="The stitch's id; when `served`, use it at once with `POST /v1/translate`."
@@ -318,6 +349,7 @@ class JobResult(BaseModel):
         default=None, description="Why the stitch is not served (null when it is)."
     )
     push: PushResult | None = None
+    worker: JobWorker | None = Field(default=None, description="Where the stitch was trained.")
     stitch_deleted_at: int | None = Field(
         default=None,
         description="Unix seconds when the stitch was deleted (`DELETE /v1/stitches/{id}`); "
@@ -341,6 +373,11 @@ class JobOut(BaseModel):
     push_to_hub: str | None
     allow_below_baseline: bool = Field(
         description="Whether the stitch is served even at or below the baseline."
+    )
+    resources: JobResources | None = Field(description="What the job asked of Ray.")
+    attempts: int = Field(
+        description="Times the job was started: a job whose server or worker died is queued "
+        "again until it has been started `LEAD_JOB_MAX_ATTEMPTS` times."
     )
     progress: JobProgress
     created_at: int = Field(description="Unix seconds.")
@@ -371,6 +408,8 @@ class JobOut(BaseModel):
             stitch_id=job.stitch_id,
             push_to_hub=r.get("push_to_hub"),
             allow_below_baseline=r.get("allow_below_baseline", False),
+            resources=r.get("resources"),
+            attempts=job.attempts,
             progress=JobProgress(
                 stage=job.stage, step=job.step, total=job.total, fraction=min(fraction, 1.0)
             ),

@@ -196,16 +196,6 @@ class JobStore(LeaseOps, DatasetOps, StitchOps):
         rows = conn.execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY seq").fetchall()
         return [r["id"] for r in rows]
 
-    def claim_job(self, job_id: str) -> bool:
-        """Move a ``queued`` job to ``running`` (one more attempt, no owner or lease); False
-        when it is no longer queued. The one-replica path; :meth:`claim_next` replaces it."""
-        cursor = self._db.connection().execute(
-            "UPDATE jobs SET status = 'running', started_at = ?, stage = 'starting',"
-            " attempts = attempts + 1 WHERE id = ? AND status = 'queued'",
-            (time.time(), job_id),
-        )
-        return cursor.rowcount == 1
-
     def job_status(self, job_id: str) -> str:
         """The current status of a job (a cheap read for cancellation checks)."""
         conn = self._db.connection()

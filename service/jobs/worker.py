@@ -9,7 +9,8 @@ connection, and then runs the jobs its runner sends it. :func:`run_job` is one j
 2. fit on the training rows with :func:`lead.fit_stitch`, reporting progress to SQLite and
    stopping (:class:`~lead.errors.JobCancelledError`) once the job is ``cancelling``;
 3. score on the held-out rows with :func:`lead.scorecard.score_stitch`;
-4. save the stitch atomically under ``stitches/<stitch_id>`` and store the scorecard, with
+4. save the stitch, publish it to the stitch store (``LEAD_STITCH_STORE``, by default
+   ``LEAD_DATA_DIR/stitches/<stitch_id>``, atomically) and store the scorecard, with
    the serving decision (:func:`serving_decision`): a stitch whose held-out R² is at or
    below the mean-estimator baseline is kept but neither served nor pushed, unless the job
    set ``allow_below_baseline``;
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -37,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from lead.errors import ConflictError, JobCancelledError, LeadError
+from lead.errors import JobCancelledError, LeadError
 from service.jobs.layout import DataLayout
+from service.jobs.stitch_store import StitchStore, open_stitch_store
 from service.jobs.store import JobRecord, JobStore
 
 __all__ = ["BASELINE_R2", "WorkerConfig", "run_job", "serving_decision", "worker_main"]
@@ -53,7 +55,15 @@ class WorkerConfig:
     Attributes
     ----------
     data_dir : str
-        ``LEAD_DATA_DIR``.
+        ``LEAD_DATA_DIR`` (a Ray worker on another machine uses a temporary folder).
+    database : str
+        The job store: ``LEAD_DATABASE_URL`` or the SQLite file's path.
+    stitch_store : str or None
+        ``LEAD_STITCH_STORE`` (None: ``data_dir/stitches``).
+    owner : str
+        The owner id of the runner whose jobs this worker runs; every store write names it.
+    engine : str
+        ``"process"`` or ``"ray"``: where the job trains (recorded in its result).
     torch_threads : int
         ``torch.set_num_threads`` in the worker.
     nice : int
@@ -65,6 +75,10 @@ class WorkerConfig:
     """
 
     data_dir: str
+    database: str = ""
+    stitch_store: str | None = None
+    owner: str = ""
+    engine: str = "process"
     torch_threads: int = 1
     nice: int = 10
     hf_token: str | None = None
@@ -74,8 +88,8 @@ class WorkerConfig:
 class _Progress:
     """The progress callback: throttled writes to SQLite, and the cancellation check."""
 
-    def __init__(self, store: JobStore, job_id: str, interval_s: float) -> None:
-        self.store, self.job_id, self.interval_s = store, job_id, interval_s
+    def __init__(self, store: JobStore, job_id: str, owner: str, interval_s: float) -> None:
+        self.store, self.job_id, self.owner, self.interval_s = store, job_id, owner, interval_s
         self._stage: str | None = None
         self._last = 0.0
 
@@ -84,14 +98,14 @@ class _Progress:
         if stage == self._stage and step < total and now - self._last < self.interval_s:
             return
         self._stage, self._last = stage, now
-        self.store.update_progress(self.job_id, stage, step, total)
+        self.store.update_progress(self.job_id, stage, step, total, owner=self.owner)
         self.check()
 
     def check(self) -> None:
-        """Raise :class:`JobCancelledError` unless the job is still ``running``."""
-        status = self.store.job_status(self.job_id)
-        if status != "running":
-            raise JobCancelledError(f"job {self.job_id} is {status}; training stopped")
+        """Raise :class:`JobCancelledError` unless the job is still ``running`` here."""
+        job = self.store.get_job(self.job_id)
+        if job.status != "running" or job.owner != self.owner:
+            raise JobCancelledError(f"job {self.job_id} is {job.status}; training stopped")
 
 
 def _error(exc: BaseException) -> dict[str, str]:
@@ -175,13 +189,22 @@ def _push(folder: Path, repo_id: str, token: str | None) -> dict[str, Any]:
     return {"status": "succeeded", "repo_id": repo_id, "stitch": pushed}
 
 
-def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerConfig) -> str:
+def run_job(
+    store: JobStore,
+    stitches: StitchStore,
+    layout: DataLayout,
+    job: JobRecord,
+    config: WorkerConfig,
+) -> str:
     """Run one claimed (``running``) job to its end; return its outcome.
+
+    Every store write names ``config.owner``: a job taken from this worker (its lease ran
+    out and another server claimed it) is left alone.
 
     Returns
     -------
     str
-        ``"succeeded"`` (stitch saved, scorecard stored; the runner finishes the job),
+        ``"succeeded"`` (stitch published, scorecard stored; the runner finishes the job),
         ``"failed"`` or ``"cancelled"`` (already stored).
     """
     from lead.artifacts import save_stitch
@@ -191,11 +214,11 @@ def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerC
     from lead.stitches import StitchInfo
     from service.jobs.datasets import load_paired
 
-    request = job.request
-    progress = _Progress(store, job.id, config.progress_interval_s)
+    request, owner = job.request, config.owner
+    progress = _Progress(store, job.id, owner, config.progress_interval_s)
     try:
         progress("loading", 0, 1)
-        data = load_paired(layout.root / job.data_path)
+        data = load_paired(layout.local_file(store, job.data_path))
         train_idx, test_idx = holdout_split(
             data.source.shape[0], request["holdout_fraction"], request["seed"]
         )
@@ -228,12 +251,10 @@ def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerC
         stitch.info.fit["holdout_fraction"] = request["holdout_fraction"]
         progress("saving", 0, 1)
         progress.check()
-        folder = layout.stitch_dir(job.stitch_id)
-        if folder.exists():
-            raise ConflictError(
-                f"a stitch folder {job.stitch_id!r} exists already", param="stitch_id"
-            )
-        save_stitch(stitch, folder)
+        with layout.scratch(f"stitch-{job.stitch_id}") as scratch:
+            folder = scratch / job.stitch_id
+            save_stitch(stitch, folder)
+            stitches.put(job.stitch_id, folder)  # a retried attempt replaces its own copy
         repo_id = request.get("push_to_hub")
         served, reason = serving_decision(card, request)
         result: dict[str, Any] = {
@@ -241,6 +262,7 @@ def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerC
             "served": served,
             "not_served_reason": reason,
             "push": None,
+            "worker": {"engine": config.engine, "host": socket.gethostname(), "pid": os.getpid()},
         }
         if repo_id:
             result["push"] = (
@@ -248,21 +270,21 @@ def run_job(store: JobStore, layout: DataLayout, job: JobRecord, config: WorkerC
                 if served
                 else {"status": "skipped", "repo_id": repo_id, "reason": f"not served: {reason}"}
             )
-        if not store.set_outcome(job.id, scorecard=card, result=result):
-            shutil.rmtree(folder, ignore_errors=True)  # settled meanwhile (a restart): no stitch
-            raise JobCancelledError(f"job {job.id} is no longer running")
+        if not store.set_outcome(job.id, scorecard=card, result=result, owner=owner):
+            # settled or taken meanwhile: the published copy is another attempt's to replace
+            raise JobCancelledError(f"job {job.id} is no longer running here")
         if repo_id and served:
             progress("pushing", 0, 1)
-            result["push"] = _push(folder, repo_id, config.hf_token)
-            store.set_outcome(job.id, scorecard=card, result=result)
+            result["push"] = _push(stitches.local_folder(job.stitch_id), repo_id, config.hf_token)
+            store.set_outcome(job.id, scorecard=card, result=result, owner=owner)
         return "succeeded"
     except JobCancelledError:
-        store.finish_job(job.id, "cancelled")
+        store.finish_job(job.id, "cancelled", owner=owner)
         return "cancelled"
     except Exception as exc:
         if not isinstance(exc, LeadError):
             logger.error("job %s failed:\n%s", job.id, traceback.format_exc())
-        store.finish_job(job.id, "failed", error=_error(exc))
+        store.finish_job(job.id, "failed", error=_error(exc), owner=owner)
         return "failed"
 
 
@@ -298,11 +320,12 @@ def worker_main(
 
     torch.set_num_threads(max(1, config.torch_threads))
     layout = DataLayout(Path(config.data_dir))
-    store = JobStore(layout.db)
+    store = JobStore(config.database or layout.db)
+    stitches = open_stitch_store(config.stitch_store, layout.root, config.hf_token)
     events.put(("ready", slot, os.getpid()))
     while (job_id := tasks.get()) is not None:
         try:
-            outcome = run_job(store, layout, store.get_job(job_id), config)
+            outcome = run_job(store, stitches, layout, store.get_job(job_id), config)
         except Exception:  # the store itself failed; the runner marks the job failed
             logger.error("job %s crashed the worker loop:\n%s", job_id, traceback.format_exc())
             outcome = "crashed"

@@ -129,7 +129,8 @@ def test_jobs_pages_cancel_and_stitch_ids(job_store: JobStore) -> None:
         job_store.list_jobs(after="job_nope")
     assert job_store.queued_job_ids() == [j.id for j in jobs]
     assert job_store.request_cancel(jobs[0].id).status == "cancelled"
-    assert job_store.claim_job(jobs[1].id) and not job_store.claim_job(jobs[1].id)
+    claimed = job_store.claim_next("me", lease_s=60)  # the oldest queued: jobs[1]
+    assert claimed is not None and claimed.id == jobs[1].id
     assert job_store.request_cancel(jobs[1].id).status == "cancelling"
     assert job_store.job_status(jobs[1].id) == "cancelling"
     assert job_store.finish_job(jobs[1].id, "cancelled")
@@ -140,7 +141,8 @@ def test_jobs_pages_cancel_and_stitch_ids(job_store: JobStore) -> None:
     again = add_job(job_store, jobs[0].stitch_id)
     with pytest.raises(ConflictError, match="already produced"):
         add_job(job_store, again.stitch_id)
-    assert job_store.claim_job(again.id)
+    claimed = [job_store.claim_next("me", lease_s=60) for _ in range(4)]  # oldest first
+    assert [j.id for j in claimed if j is not None] == [*(j.id for j in jobs[2:]), again.id]
     assert job_store.set_outcome(again.id, scorecard={"r2_score": 0.5}, result={"served": True})
     assert job_store.finish_job(again.id, "succeeded")
     assert job_store.succeeded_stitches()[again.stitch_id].served

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,13 +89,16 @@ def test_job_trains_scores_and_is_served_at_once(
     assert (job["holdout_fraction"], job["seed"]) == (0.2, 0)
     assert job["progress"] == {"stage": "done", "step": 1, "total": 1, "fraction": 1.0}
     assert job["created_at"] <= job["started_at"] <= job["finished_at"]
+    job_worker_pid = job["result"]["worker"]["pid"]
     assert job["result"] == {
         "stitch_id": job["stitch_id"],
         "served": True,  # held-out r2_score above the mean-estimator baseline
         "not_served_reason": None,
         "push": None,
+        "worker": {"engine": "process", "host": socket.gethostname(), "pid": job_worker_pid},
         "stitch_deleted_at": None,
     }
+    assert job_worker_pid != os.getpid()  # trained in a spawned worker process
     assert job["allow_below_baseline"] is False
     assert job["stitch_id"].startswith("all-minilm-l6-v2-to-all-mpnet-base-v2-")
     # the very next request after "succeeded" translates with the new stitch

@@ -1,5 +1,6 @@
 """A server restart loses nothing: finished jobs keep their results and stitches, a job that
-was training is ``failed`` / ``interrupted``, queued jobs run, leftovers are removed."""
+was training is started again (``LEAD_JOB_MAX_ATTEMPTS``) or, after its last attempt,
+``failed`` / ``interrupted``; queued jobs run, leftovers are removed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from service.jobs.store import JobStore
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MPNET = "sentence-transformers/all-mpnet-base-v2"
 SLOW_MLP = {"hidden_dim": 16, "batch_size": 64, "max_epochs": 100000, "patience": 100000}
+#: One attempt per job and a short lease: a crashed server's job fails within a second.
+ONE_ATTEMPT = {"job_lease_seconds": 1.0, "job_max_attempts": 1}
 
 
 def _training(job: dict[str, Any]) -> bool:
@@ -25,7 +28,7 @@ def _training(job: dict[str, Any]) -> bool:
 def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> None:
     data_dir = tmp_path / "data"
     models = {"source_model": MINILM, "target_model": MPNET}
-    first = make_jobs_client(data_dir)
+    first = make_jobs_client(data_dir, **ONE_ATTEMPT)
     try:
         dataset = upload(first, scifact_dataset(scifact_small))["id"]
         r = first.post("/v1/jobs", json={**models, "dataset": dataset})
@@ -51,9 +54,9 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
     (data_dir / "datasets" / ".tmp-ds_partial.safetensors").write_bytes(b"half")
     (data_dir / "job-data" / "job_never_recorded.safetensors").write_bytes(b"orphan")
 
-    second = make_jobs_client(data_dir)
+    second = make_jobs_client(data_dir, **ONE_ATTEMPT)
     try:
-        after = second.get(f"/v1/jobs/{slow['id']}").json()
+        after = wait_job(second, slow["id"], timeout=10)  # once its lease has run out
         assert after["status"] == "failed", after
         assert after["error"]["code"] == "interrupted" and after["finished_at"] is not None
         assert after["result"] is None
@@ -71,7 +74,7 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
         requeued = wait_job(second, queued["id"])  # queued jobs run after the restart
         assert requeued["status"] == "succeeded", requeued
 
-        # a normal shutdown while a job trains also ends it as interrupted, at once
+        # a normal shutdown during the last attempt also ends it as interrupted, at once
         r = second.post("/v1/jobs", json={**models, "dataset": dataset, "method": "mlp",
                                           "options": SLOW_MLP})  # fmt: skip
         stopped = wait_job(second, r.json()["id"], until=_training)
@@ -120,3 +123,32 @@ def test_the_newest_of_equal_stitches_still_wins_after_a_restart(
         assert r.json()["stitch"]["id"] == "a-newer"
     finally:
         restarted.__exit__(None, None, None)
+
+
+@pytest.mark.slow
+def test_a_job_cut_short_by_a_crash_is_started_again(tmp_path: Path, scifact_small: Any) -> None:
+    """With the default ``LEAD_JOB_MAX_ATTEMPTS`` (2) a job whose server died trains again
+    once its lease has run out, and its stitch is served."""
+    data_dir = tmp_path / "data"
+    short = {**SLOW_MLP, "max_epochs": 300}
+    first = make_jobs_client(data_dir, job_lease_seconds=1.0)
+    try:
+        dataset = upload(first, scifact_dataset(scifact_small))["id"]
+        body = {"source_model": MINILM, "target_model": MPNET, "dataset": dataset}
+        r = first.post("/v1/jobs", json={**body, "method": "mlp", "options": short})
+        job = wait_job(first, r.json()["id"], until=_training)
+        assert job["attempts"] == 1
+        first.app.state.jobs.runner.kill()  # type: ignore[attr-defined]  # as a crash would
+    finally:
+        first.__exit__(None, None, None)
+    second = make_jobs_client(data_dir, job_lease_seconds=1.0)
+    try:
+        again = wait_job(second, job["id"], timeout=120)
+        assert (again["status"], again["attempts"]) == ("succeeded", 2), again
+        r = second.post(
+            "/v1/translate",
+            json={"stitch": again["stitch_id"], "input": b64(scifact_small.queries["minilm"][:3])},
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        second.__exit__(None, None, None)

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
 from service_helpers import b64
 
 import service.loader as loader_module
@@ -71,14 +70,6 @@ def test_device_selection() -> None:
             resolve_device("cuda")
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             create_app(Settings(device="cuda:1", stitches=[]))
-
-
-def test_several_workers_need_jobs_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEAD_WORKERS", "2")
-    with pytest.raises(ValidationError, match="needs enable_jobs=false"):
-        Settings()
-    monkeypatch.setenv("LEAD_ENABLE_JOBS", "false")
-    assert Settings().workers == 2
 
 
 def _broken_copy(fitted: Any, tmp_path: Path) -> Path:
@@ -188,12 +179,12 @@ def test_the_settings_check_exits_1_naming_the_problem() -> None:
     import subprocess
     import sys
 
-    env = {**os.environ, "LEAD_WORKERS": "2", "LEAD_ENABLE_JOBS": "true"}
+    env = {**os.environ, "LEAD_WORKERS": "2", "LEAD_JOB_LEASE_SECONDS": "0"}
     cmd = [sys.executable, "-m", "service.settings_check"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert "needs enable_jobs=false" in done.stderr
-    env["LEAD_ENABLE_JOBS"] = "false"
+    assert "job_lease_seconds" in done.stderr and "greater than or equal to 1" in done.stderr
+    env["LEAD_JOB_LEASE_SECONDS"] = "5"
     assert subprocess.run(cmd, env=env, capture_output=True, timeout=120).returncode == 0
     if not torch.cuda.is_available():  # the device, which create_app checks, is checked too
         env["LEAD_DEVICE"] = "cuda"

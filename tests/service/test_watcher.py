@@ -52,12 +52,13 @@ def publish(
         pairs=400,
         stitch_id=stitch_id,
     )
-    assert jobs.claim_job(job.id)
+    claimed = jobs.claim_next("replica", lease_s=60)
+    assert claimed is not None and claimed.id == job.id
     if folder is not None:
         stitches.put(stitch_id, folder)
     result = {"stitch_id": stitch_id, "served": served}
-    assert jobs.set_outcome(job.id, scorecard={}, result=result)
-    assert jobs.finish_job(job.id, "succeeded")
+    assert jobs.set_outcome(job.id, scorecard={}, result=result, owner="replica")
+    assert jobs.finish_job(job.id, "succeeded", owner="replica")
     return job.id
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -51,6 +52,7 @@ class Cluster:
             LEAD_STITCH_POLL_SECONDS=str(POLL_S),
             LEAD_JOB_WORKERS="2",
             LEAD_MAX_INLINE_PAIRS="4096",
+            LEAD_LOG_LEVEL="INFO",
             **self.ray_env,
         )
         self.replicas.append(server.start())
@@ -85,12 +87,11 @@ def cluster(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     name = f"lead_scaleout_{secrets.token_hex(4)}"
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
-    database_url = pg_uri.rsplit("/", 1)[0] + f"/{name}"
-    if "?" in pg_uri:
-        database_url += "?" + pg_uri.split("?", 1)[1]
+    database_url = urlunsplit(urlsplit(pg_uri)._replace(path=f"/{name}"))
     # Ray's token authentication, as a deployment should run it
     ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     port = free_port()
+    log = open(root / "ray-head.log", "wb")  # noqa: SIM115
     head = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("ray")),
@@ -106,9 +107,10 @@ def cluster(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         ],
         env={**os.environ, **ray_env},
         stdout=subprocess.DEVNULL,
-        stderr=open(root / "ray-head.log", "wb"),  # noqa: SIM115  (closed with the process)
+        stderr=log,
         start_new_session=True,
     )
+    log.close()  # the child holds its own copy
     try:
         _wait_for_port(port, head)
         store = root / "stitch-store"

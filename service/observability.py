@@ -60,20 +60,21 @@ def multiprocess_dir() -> Path | None:
     Returns
     -------
     Path or None
-        ``PROMETHEUS_MULTIPROC_DIR`` when set and not empty, else None.
+        ``PROMETHEUS_MULTIPROC_DIR`` when set, else None.
 
     Raises
     ------
     RuntimeError
-        When the variable names no existing folder, or was set after prometheus_client
-        was imported (its values would stay in memory, invisible to the other processes).
+        When the variable is empty or names no existing folder, or was set after
+        prometheus_client was imported (its values would stay in memory, invisible to the
+        other processes).
     """
-    value = os.environ.get(_MULTIPROC_ENV, "")
-    if not value:
+    value = os.environ.get(_MULTIPROC_ENV)
+    if value is None:
         return None
     folder = Path(value)
-    if not folder.is_dir():
-        raise RuntimeError(f"{_MULTIPROC_ENV}={value} is not a folder: create it (empty) first")
+    if not value or not folder.is_dir():  # prometheus_client would write to the CWD for ""
+        raise RuntimeError(f"{_MULTIPROC_ENV}={value!r} is not a folder: create it (empty) first")
     if values.ValueClass is values.MutexValue:
         raise RuntimeError(
             f"{_MULTIPROC_ENV} was set after prometheus_client was imported: set it in the "

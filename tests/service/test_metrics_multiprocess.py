@@ -214,9 +214,43 @@ def test_a_variable_set_too_late_or_naming_no_folder_is_refused(
 ) -> None:
     """This process imported prometheus_client without the variable: setting it now would
     leave the values in memory, so the scrape would read an empty folder."""
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
-    with pytest.raises(RuntimeError, match="is not a folder"):
-        Metrics()
+    for value in (str(tmp_path / "missing"), ""):  # "": prometheus_client's files in the CWD
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", value)
+        with pytest.raises(RuntimeError, match="is not a folder"):
+            Metrics()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     with pytest.raises(RuntimeError, match="set after prometheus_client was imported"):
         Metrics()
+
+
+def _prepare(env: dict[str, str]) -> str:
+    """``PROMETHEUS_MULTIPROC_DIR`` after ``scripts/prometheus_dir.sh`` (as serve.sh sources it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"} | env
+    script = '. scripts/prometheus_dir.sh; printf %s "${PROMETHEUS_MULTIPROC_DIR-unset}"'
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def test_serve_sh_gives_several_workers_a_fresh_folder(tmp_path: Path) -> None:
+    for unset in ({}, {"PROMETHEUS_MULTIPROC_DIR": ""}):
+        assert _prepare({"LEAD_WORKERS": "1", **unset}) == "unset"
+        first = _prepare({"LEAD_WORKERS": "2", "TMPDIR": str(tmp_path), **unset})
+        second = _prepare({"LEAD_WORKERS": "2", "TMPDIR": str(tmp_path), **unset})
+        assert first != second
+        for folder in (Path(first), Path(second)):
+            assert folder.parent == tmp_path and folder.is_dir() and not any(folder.iterdir())
+            assert folder.stat().st_mode & 0o077 == 0  # private
+
+
+def test_serve_sh_empties_a_given_folder_of_metric_files_only(tmp_path: Path) -> None:
+    folder = tmp_path / "metrics"
+    assert _prepare({"PROMETHEUS_MULTIPROC_DIR": str(folder), "LEAD_WORKERS": "2"}) == str(folder)
+    assert folder.is_dir()
+    for name in ("counter_123.db", "gauge_livesum_123.db", "notes.txt"):
+        (folder / name).write_bytes(b"x")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "keep.db").write_bytes(b"x")
+    assert _prepare({"PROMETHEUS_MULTIPROC_DIR": str(folder), "LEAD_WORKERS": "1"}) == str(folder)
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    assert left == ["notes.txt", "sub", "sub/keep.db"]

@@ -4,39 +4,121 @@
 an id (an incoming ``X-Request-ID`` when it looks sane, else a fresh one), echoes it in
 the response headers, and records the request count and latency by route template
 (``/v1/stitches/{stitch_id:path}``, never the raw path, so label sets stay bounded).
+
+With several server processes (``uvicorn --workers``), each keeps its own counters. When
+``PROMETHEUS_MULTIPROC_DIR`` names a folder (``scripts/serve.sh`` makes a fresh one for
+``LEAD_WORKERS`` > 1), prometheus_client's multiprocess mode is on: every process writes its
+values to files there, and :meth:`Metrics.exposition` aggregates all of them, whichever
+process answers the scrape. The variable must be set before the process starts (the client
+picks its value store when it is imported), and the folder must be emptied between runs.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
 from starlette.datastructures import MutableHeaders
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import REQUEST_ID_SCOPE_KEY
 
-__all__ = ["Metrics", "RequestContextMiddleware", "configure_logging", "new_request_id"]
+__all__ = [
+    "Metrics",
+    "RequestContextMiddleware",
+    "configure_logging",
+    "multiprocess_dir",
+    "new_request_id",
+]
 
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> Path | None:
+    """The folder of prometheus_client's multiprocess mode, or None when it is off.
+
+    Returns
+    -------
+    Path or None
+        ``PROMETHEUS_MULTIPROC_DIR`` when set, else None.
+
+    Raises
+    ------
+    RuntimeError
+        When the variable is empty or names no existing folder, or was set after
+        prometheus_client was imported (its values would stay in memory, invisible to the
+        other processes).
+    """
+    value = os.environ.get(_MULTIPROC_ENV)
+    if value is None:
+        return None
+    folder = Path(value)
+    if not value or not folder.is_dir():  # prometheus_client would write to the CWD for ""
+        raise RuntimeError(f"{_MULTIPROC_ENV}={value!r} is not a folder: create it (empty) first")
+    if values.ValueClass is values.MutexValue:
+        raise RuntimeError(
+            f"{_MULTIPROC_ENV} was set after prometheus_client was imported: set it in the "
+            "environment of the server process (as scripts/serve.sh does), not from Python"
+        )
+    return folder
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by uvicorn, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # not Linux, or gone since
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _forget_dead_processes(folder: Path) -> None:
+    """Drop the ``live*`` gauge files of processes that are gone (a worker that crashed or
+    that uvicorn replaced), as a server's child-exit hook would: uvicorn has none."""
+    for path in folder.glob("gauge_live*_*.db"):
+        pid = path.stem.rsplit("_", 1)[1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            multiprocess.mark_process_dead(int(pid), str(folder))  # type: ignore[no-untyped-call]
 
 
 @dataclass
 class Metrics:
-    """The service's Prometheus metrics, registered on their own registry."""
+    """The service's Prometheus metrics, registered on their own registry.
+
+    In multiprocess mode (see :func:`multiprocess_dir`) the values also go to the shared
+    folder, and :meth:`exposition` reads every process's files instead of ``registry``.
+    """
 
     registry: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=True)
     )
+    multiprocess_dir: Path | None = field(default_factory=multiprocess_dir)
 
     def __post_init__(self) -> None:
         self.requests = Counter(
@@ -56,6 +138,7 @@ class Metrics:
             "lead_http_requests_in_flight",
             "HTTP requests being handled.",
             registry=self.registry,
+            multiprocess_mode="livesum",  # the sum over the processes alive
         )
         self.vectors = Counter(
             "lead_vectors_translated_total",
@@ -81,7 +164,27 @@ class Metrics:
             "Configured stitches by state.",
             ("state",),
             registry=self.registry,
+            # set at each scrape by the process answering: its view, the freshest one
+            multiprocess_mode="livemostrecent",
         )
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format: this registry's, or in multiprocess mode
+        the sum over every process that wrote to the folder (counters and histograms of
+        processes that have exited included; gauges of live processes only).
+
+        Returns
+        -------
+        bytes
+            The text exposition format (``prometheus_client.CONTENT_TYPE_LATEST``).
+        """
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        _forget_dead_processes(self.multiprocess_dir)
+        registry = CollectorRegistry()
+        collector = multiprocess.MultiProcessCollector
+        collector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
 
 
 def new_request_id() -> str:

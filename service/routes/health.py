@@ -6,7 +6,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.deps import MetricsDep, SettingsDep
 from service.registry import StitchRegistry
@@ -70,11 +70,15 @@ async def readyz(request: Request) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
 )
 async def metrics(request: Request, metrics: MetricsDep, settings: SettingsDep) -> Response:
-    """Request counts by route and status, latency histograms, vectors translated."""
+    """Request counts by route and status, latency histograms, vectors translated.
+
+    With several server processes in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), the
+    counts of all of them, whichever answers.
+    """
     registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
     if registry is not None:
         state = registry.readiness()
         metrics.stitches.labels("ready").set(len(state.ready))
         metrics.stitches.labels("pending").set(len(state.pending))
         metrics.stitches.labels("failed").set(len(state.failed))
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up the virtualenv and start the service on the bundled stitches in models/.
 # Settings come from LEAD_* environment variables (see README); host/port from HOST/PORT.
+# LEAD_EXTRAS=scale installs what replicas on PostgreSQL and Ray need (README, "Several replicas").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh service
+bash scripts/setup.sh "${LEAD_EXTRAS:-service}"
 # the settings once, before uvicorn: with LEAD_WORKERS > 1 its supervisor would restart
 # workers that refuse them forever instead of stopping
 .venv/bin/python -m service.settings_check

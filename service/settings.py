@@ -190,9 +190,10 @@ class Settings(BaseSettings):
         ge=1,
         description="Server processes (`scripts/serve.sh` passes it to `uvicorn --workers`), "
         "each with its own copy of the stitches and its own micro-batcher; they share the job "
-        "store, claim jobs from it and watch the stitch store like replicas do. On 2 "
-        "cores shared with the clients, 2 workers measured no faster than 1 (bench/latency.py); "
-        "on a many-core machine they take the HTTP work off one event loop.",
+        "store, claim jobs from it and watch the stitch store like replicas do; `/metrics` sums "
+        "them (`PROMETHEUS_MULTIPROC_DIR`, set by `scripts/serve.sh`). On 2 cores shared with "
+        "the clients, 2 workers served 1.2x (single vectors) to 1.4x (batches of 32) the "
+        "requests of 1 (bench/workers.py).",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Level of the `lead` loggers."

@@ -25,6 +25,7 @@ import orjson
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from scripts._harness import free_port
 from service.observability import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,18 +34,12 @@ JSON = {"content-type": "application/json"}
 TRANSLATE = 'lead_http_requests_total{method="POST",route="/v1/translate",status="200"}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def two_workers(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """(base URL, multiprocess folder) of ``uvicorn --workers 2`` serving the stitch."""
     folder = tmp_path / "prometheus"
     folder.mkdir()
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PROMETHEUS_MULTIPROC_DIR": str(folder),

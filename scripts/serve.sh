@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh "${LEAD_EXTRAS:-service}"
 # the settings once, before uvicorn: with LEAD_WORKERS > 1 its supervisor would restart
 # workers that refuse them forever instead of stopping
-.venv/bin/python -m service.settings_check
+"${LEAD_VENV:-.venv}/bin/python" -m service.settings_check
 # with several workers, /metrics sums them through PROMETHEUS_MULTIPROC_DIR (see the script)
 . scripts/prometheus_dir.sh
-exec .venv/bin/uvicorn service.app:create_app --factory --host "${HOST:-127.0.0.1}" \
+exec "${LEAD_VENV:-.venv}/bin/uvicorn" service.app:create_app --factory --host "${HOST:-127.0.0.1}" \
   --port "${PORT:-8000}" --workers "${LEAD_WORKERS:-1}"

@@ -278,7 +278,19 @@ class JobsInfoOut(BaseModel):
         description="Whether this server runs training jobs, dataset uploads and POST "
         "/v1/align (LEAD_ENABLE_JOBS); when false those routes answer 503."
     )
-    workers: int = Field(description="Training jobs run at once.")
+    workers: int = Field(description="Training jobs of this server run at once.")
+    engine: Literal["process", "ray"] = Field(
+        description="Where jobs train: `process` (spawned by this server) or `ray` "
+        "(LEAD_RAY_ADDRESS)."
+    )
+    database: Literal["sqlite", "postgresql"] = Field(
+        description="Where job and dataset records live: `sqlite` (this machine) or "
+        "`postgresql` (LEAD_DATABASE_URL, shared by every replica)."
+    )
+    shared_stitch_store: bool = Field(
+        description="Whether trained stitches are published to LEAD_STITCH_STORE (for every "
+        "replica) rather than to this server's LEAD_DATA_DIR."
+    )
 
 
 class InfoOut(BaseModel):

@@ -16,8 +16,8 @@ from service.jobs.store import JobStore
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MPNET = "sentence-transformers/all-mpnet-base-v2"
 SLOW_MLP = {"hidden_dim": 16, "batch_size": 64, "max_epochs": 100000, "patience": 100000}
-#: One attempt per job and a short lease: a crashed server's job fails within a second.
-ONE_ATTEMPT = {"job_lease_seconds": 1.0, "job_max_attempts": 1}
+#: One attempt per job and a short lease: a crashed server's job fails within seconds.
+ONE_ATTEMPT = {"job_lease_seconds": 2.0, "job_max_attempts": 1}
 
 
 def _training(job: dict[str, Any]) -> bool:
@@ -67,7 +67,9 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
             json={"stitch": done["stitch_id"], "input": b64(scifact_small.queries["minilm"][:3])},
         )
         assert r.status_code == 200, r.text  # saved stitches are served after a restart
-        assert sorted(p.name for p in (data_dir / "stitches").iterdir()) == [done["stitch_id"]]
+        # no leftover and no folder of the interrupted job (the queued job may be done already)
+        saved = {p.name for p in (data_dir / "stitches").iterdir()}
+        assert done["stitch_id"] in saved <= {done["stitch_id"], queued["stitch_id"]}
         assert [p.name for p in (data_dir / "datasets").iterdir()] == [f"{dataset}.safetensors"]
         assert not list((data_dir / "job-data").iterdir())
         assert second.get(f"/v1/datasets/{dataset}").status_code == 200

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from scripts._harness import free_port
+from scripts._harness import alive, free_port
 from service.observability import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,6 +187,9 @@ def test_a_worker_killed_mid_request_leaves_no_stale_gauge(two_workers: tuple[st
         time.sleep(0.05)
     os.kill(busy[0], signal.SIGKILL)
     stuck.close()
+    while alive(busy[0]):  # SIGKILL lands asynchronously (a zombie counts as gone)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     # only the scrape itself is in flight (the other worker answers), not the dead request
     assert _scrape(url, "lead_http_requests_in_flight") == 1
     assert not (folder / f"gauge_livesum_{busy[0]}.db").exists()

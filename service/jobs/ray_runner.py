@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lead.errors import StoreError
+from lead.errors import InvalidInputError, StoreError
 from service.jobs.layout import DataLayout
 from service.jobs.runner import JobLoop, OnSucceeded, Outcome
 from service.jobs.stitch_store import open_stitch_store
@@ -92,6 +92,12 @@ def _with_device(request: dict[str, Any], device: str) -> dict[str, Any]:
     except InvalidInputError:  # a closed-form method: no device option
         return request
     return {**request, "options": {**options, "device": device}}
+
+
+def _asked(resources: dict[str, Any] | None) -> tuple[int, float]:
+    """(CPUs, GPUs) a job asks for (``resources`` of its request; 1 CPU by default)."""
+    resources = resources or {}
+    return int(resources.get("cpus", 1)), float(resources.get("gpus", 0))
 
 
 def train_on_ray(config: WorkerConfig, job_id: str, threads: int) -> str:
@@ -192,13 +198,38 @@ class RayRunner(JobLoop):
         self._task = ray.remote(max_retries=1, retry_exceptions=False)(train_on_ray)
         super().start()
 
+    def check_resources(self, resources: dict[str, Any] | None) -> None:
+        """Refuse ``resources`` that no live node of the cluster has (Ray would keep such a
+        task pending forever, and the job ``running`` with it).
+
+        Raises
+        ------
+        InvalidInputError
+            Naming ``resources.cpus`` or ``resources.gpus`` and the largest node's.
+        """
+        import ray
+
+        cpus, gpus = _asked(resources)
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            return
+        most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+        most_gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+        param = "resources.gpus" if gpus > most_gpus else "resources.cpus"
+        raise InvalidInputError(
+            f"no node of the Ray cluster has {cpus} CPU(s) and {gpus:g} GPU(s) (the most on "
+            f"one node: {most_cpus:g} CPU(s), {most_gpus:g} GPU(s)); ask for less",
+            param=param,
+        )
+
     # --------------------------------------------------------------- hooks
     def _free_slots(self) -> int:
         return self.workers - len(self._refs)
 
     def _launch(self, job: JobRecord) -> None:
         resources = job.request.get("resources") or {}
-        cpus, gpus = int(resources.get("cpus", 1)), float(resources.get("gpus", 0))
+        self.check_resources(resources)  # the cluster may have shrunk since the job was made
+        cpus, gpus = _asked(resources)
         ref = self._task.options(num_cpus=cpus, num_gpus=gpus, name=f"lead-job-{job.id}").remote(
             self.config, job.id, cpus
         )

@@ -210,7 +210,8 @@ class RayRunner(JobLoop):
         import ray
 
         cpus, gpus = _asked(resources)
-        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        nodes = [n.get("Resources", {}) for n in alive]
         if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
             return
         most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)

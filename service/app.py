@@ -31,6 +31,7 @@ from service.registry import StitchRegistry
 from service.routes import include_routers
 from service.routes.translate import OPENAPI_MODELS
 from service.settings import Settings
+from service.startup import StartupErrorMiddleware
 
 __all__ = ["create_app"]
 
@@ -157,5 +158,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    app.add_middleware(StartupErrorMiddleware)  # lifespan only: a failed start in one line
     app.openapi = lambda: build_openapi(app, OPENAPI_MODELS)  # type: ignore[method-assign]
     return app

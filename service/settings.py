@@ -34,6 +34,7 @@ __all__ = ["DEFAULT_MODELS_DIR", "SCOPES", "ApiKey", "Scope", "Settings"]
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,30}")
 
 
 def _split_list(value: Any) -> Any:
@@ -307,6 +308,21 @@ class Settings(BaseSettings):
                     "list each key once, with one scope"
                 )
         return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgresql_only(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        url = value.get_secret_value().strip()
+        if not url.startswith(("postgresql://", "postgres://")):
+            scheme = url.partition("://")[0] if "://" in url else ""
+            named = f"a {scheme}:// URL" if _SCHEME.fullmatch(scheme) else "not a URL"
+            raise ValueError(  # never quote the value: it holds the password
+                f"database_url must be a PostgreSQL URL, postgresql://user:password@host:port/db "
+                f"(got {named}); unset it to keep the records in SQLite under data_dir"
+            )
+        return SecretStr(url)
 
     @field_validator("device")
     @classmethod

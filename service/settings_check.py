@@ -3,26 +3,65 @@ wrong, with exit status 1.
 
 ``scripts/serve.sh`` and the Docker image run it before uvicorn: with ``LEAD_WORKERS`` > 1,
 uvicorn's supervisor would restart workers that refuse the settings forever instead of
-stopping. The device is checked too (``create_app`` refuses CUDA where there is none).
+stopping. The device is checked too (``create_app`` refuses CUDA where there is none), and,
+when the server runs jobs, what the jobs need: the job database answers
+(``LEAD_DATABASE_URL``), the stitch store can be opened and a stitch folder written
+(``LEAD_STITCH_STORE``), the Ray head's port answers (``LEAD_RAY_ADDRESS``). Messages never
+show a password.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
+from lead.errors import LeadError
 from service.loader import resolve_device
 from service.settings import Settings
 
 __all__ = ["main"]
 
 
+def _writable_folder(folder: Path) -> None:
+    """Raise OSError unless ``folder`` (or the nearest folder above it that exists, where it
+    would be created) can be written."""
+    here = folder.expanduser().absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+        raise OSError(f"LEAD_STITCH_STORE: cannot write stitches under {folder} ({here})")
+
+
+def _check_jobs(settings: Settings) -> None:
+    """What the jobs of this server need; raises LeadError or OSError naming the problem."""
+    from service.jobs.db import PostgresDatabase
+    from service.jobs.ray_runner import check_ray_reachable
+    from service.jobs.stitch_store import FolderStore, open_stitch_store
+
+    if settings.database_url is not None:
+        PostgresDatabase(settings.database_url.get_secret_value()).close()
+    data_dir = Path(settings.data_dir).expanduser()
+    store = open_stitch_store(settings.stitch_store, data_dir, settings.hf_token)
+    if isinstance(store, FolderStore):
+        _writable_folder(store.root)
+    if settings.ray_address:
+        check_ray_reachable(settings.ray_address)
+
+
 def main() -> int:
     """Check the settings of the environment; 0 when the service can start with them."""
     try:
-        resolve_device(Settings().device)
-    except (ValidationError, RuntimeError) as exc:  # RuntimeError: CUDA asked for, none there
+        settings = Settings()
+        resolve_device(settings.device)
+        if settings.enable_jobs:
+            _check_jobs(settings)
+    except LeadError as exc:
+        sys.stderr.write(f"LEAD settings: {exc.message}\n")
+        return 1
+    except (ValidationError, RuntimeError, OSError) as exc:  # RuntimeError: no CUDA there
         sys.stderr.write(f"LEAD settings: {exc}\n")
         return 1
     return 0

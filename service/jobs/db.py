@@ -232,7 +232,7 @@ class PostgresDatabase(Database):
                 self._url, autocommit=True, row_factory=dict_row, connect_timeout=10
             )
         except psycopg.Error as exc:
-            reason = str(exc).strip()
+            reason = " ".join(str(exc).split())  # one line (libpq adds a hint line)
             if self._password:
                 reason = reason.replace(self._password, "***")
             raise StoreError(

@@ -323,6 +323,8 @@ class JobManager:
                 "own processes",
                 param="resources.gpus",
             )
+        if body.resources is not None and isinstance(self.runner, RayRunner):
+            self.runner.check_resources(body.resources.model_dump())
         stored = {k: v for k, v in request.items() if k not in ("source", "target")}
         if inline is not None:
             save_pairs(self.layout.root / data_path, *inline)

@@ -24,19 +24,58 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from lead.errors import InvalidInputError, StoreError
 from service.jobs.layout import DataLayout
 from service.jobs.runner import JobLoop, OnSucceeded, Outcome
 from service.jobs.stitch_store import open_stitch_store
 from service.jobs.store import JobRecord, JobStore
 from service.jobs.worker import WorkerConfig, run_job
 
-__all__ = ["RayRunner", "train_on_ray"]
+__all__ = ["RayRunner", "check_ray_reachable", "train_on_ray"]
 
 logger = logging.getLogger("lead.jobs.runner")
+
+#: Seconds a server waits for the Ray head's port before it refuses to start.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_ray_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast when a ``host:port`` or ``ray://host:port`` address does not answer.
+
+    ``ray.init`` retries an unreachable head for minutes before it gives up, so a server
+    with a wrong ``LEAD_RAY_ADDRESS`` would hang at start-up; this opens one TCP connection
+    to the head's port first. ``auto`` and ``local`` are left to Ray (it fails at once when
+    no cluster runs on this machine).
+
+    Raises
+    ------
+    StoreError
+        If the address has no port or nothing accepts a connection there within ``timeout``
+        seconds (the message names the address and the reason).
+    """
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number
+        host, port = None, None
+    if not host or port is None:
+        raise StoreError(f"LEAD_RAY_ADDRESS {address!r} is not auto, host:port or ray://host:port")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise StoreError(
+            f"cannot reach the Ray cluster at {address} (LEAD_RAY_ADDRESS): {reason}; is the "
+            "Ray head running there?"
+        ) from None
 
 
 def _with_device(request: dict[str, Any], device: str) -> dict[str, Any]:
@@ -53,6 +92,12 @@ def _with_device(request: dict[str, Any], device: str) -> dict[str, Any]:
     except InvalidInputError:  # a closed-form method: no device option
         return request
     return {**request, "options": {**options, "device": device}}
+
+
+def _asked(resources: dict[str, Any] | None) -> tuple[int, float]:
+    """(CPUs, GPUs) a job asks for (``resources`` of its request; 1 CPU by default)."""
+    resources = resources or {}
+    return int(resources.get("cpus", 1)), float(resources.get("gpus", 0))
 
 
 def train_on_ray(config: WorkerConfig, job_id: str, threads: int) -> str:
@@ -125,19 +170,58 @@ class RayRunner(JobLoop):
         self._owns_ray = False
 
     def start(self) -> None:
-        """Connect to the Ray cluster, then start the supervisor."""
+        """Connect to the Ray cluster, then start the supervisor.
+
+        Raises
+        ------
+        StoreError
+            If the cluster cannot be reached or joined (see :func:`check_ray_reachable`).
+        """
         import ray
 
         if not ray.is_initialized():
-            ray.init(
-                address=self.address,
-                namespace="lead",
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-            )
+            check_ray_reachable(self.address)
+            try:
+                ray.init(
+                    address=self.address,
+                    namespace="lead",
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+            except ConnectionError as exc:  # a wrong token, a port that is not Ray's
+                raise StoreError(
+                    f"cannot join the Ray cluster at {self.address} (LEAD_RAY_ADDRESS): {exc}; "
+                    "a cluster with token authentication needs RAY_AUTH_MODE=token and its "
+                    "RAY_AUTH_TOKEN"
+                ) from None
             self._owns_ray = True
         self._task = ray.remote(max_retries=1, retry_exceptions=False)(train_on_ray)
         super().start()
+
+    def check_resources(self, resources: dict[str, Any] | None) -> None:
+        """Refuse ``resources`` that no live node of the cluster has (Ray would keep such a
+        task pending forever, and the job ``running`` with it).
+
+        Raises
+        ------
+        InvalidInputError
+            Naming ``resources.cpus`` or ``resources.gpus`` and the largest node's.
+        """
+        import ray
+
+        cpus, gpus = _asked(resources)
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        nodes = [n.get("Resources", {}) for n in alive]
+        if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            return
+        most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+        most_gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+        param = "resources.gpus" if gpus > most_gpus else "resources.cpus"
+        raise InvalidInputError(
+            f"no node of the Ray cluster has {cpus} CPU(s) and {gpus:g} GPU(s) (the most on "
+            f"one node: {most_cpus:g} CPU(s), {most_gpus:g} GPU(s)); ask for less",
+            param=param,
+        )
 
     # --------------------------------------------------------------- hooks
     def _free_slots(self) -> int:
@@ -145,7 +229,8 @@ class RayRunner(JobLoop):
 
     def _launch(self, job: JobRecord) -> None:
         resources = job.request.get("resources") or {}
-        cpus, gpus = int(resources.get("cpus", 1)), float(resources.get("gpus", 0))
+        self.check_resources(resources)  # the cluster may have shrunk since the job was made
+        cpus, gpus = _asked(resources)
         ref = self._task.options(num_cpus=cpus, num_gpus=gpus, name=f"lead-job-{job.id}").remote(
             self.config, job.id, cpus
         )

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from lead.errors import InvalidInputError
 from service.jobs.store import JobRecord, JobStore, owner_id
 
 __all__ = ["JobLoop", "OnSucceeded", "Outcome", "Runner"]
@@ -228,6 +229,11 @@ class JobLoop:
             self.running[job.id] = None
             try:
                 self._launch(job)
+            except InvalidInputError as exc:  # the job asks what this runner cannot give
+                logger.warning("job %s cannot start: %s", job.id, exc.message)
+                self.running.pop(job.id, None)
+                error = {"code": "resources_unavailable", "message": exc.message}
+                self.store.finish_job(job.id, "failed", error=error, owner=self.owner)
             except Exception as exc:
                 logger.exception("could not start job %s", job.id)
                 self.running.pop(job.id, None)

@@ -125,6 +125,39 @@ def test_a_job_through_both_replicas_is_one_job_trained_on_ray_and_served_by_bot
     assert _translate(a, "scaleout-ridge", rows) == _translate(b, "scaleout-ridge", rows)
 
 
+@pytest.mark.parametrize(
+    ("resources", "param"),
+    [({"gpus": 0.5}, "resources.gpus"), ({"cpus": 64}, "resources.cpus")],
+)
+def test_resources_no_node_has_are_refused_by_every_replica(
+    cluster: Cluster,
+    replicas: list[Server],
+    dataset: dict[str, Any],
+    resources: dict[str, Any],
+    param: str,
+) -> None:
+    """A Ray task no node can run would stay pending forever, its job ``running``."""
+    before = cluster.sql("SELECT count(*) FROM jobs")
+    for server in replicas:
+        body = _job_body(dataset, method="ridge", resources=resources)
+        r = httpx.post(server.url + "/v1/jobs", json=body, timeout=30)
+        assert r.status_code == 400, r.text  # as resources.gpus on a server without Ray
+        error = r.json()["error"]
+        assert error["param"] == param and "no node of the Ray cluster has" in error["message"]
+    assert cluster.sql("SELECT count(*) FROM jobs") == before
+
+
+def test_resources_the_cluster_has_still_train(
+    replicas: list[Server], dataset: dict[str, Any]
+) -> None:
+    body = _job_body(dataset, method="ridge", resources={"cpus": 2})
+    r = httpx.post(replicas[1].url + "/v1/jobs", json=body, timeout=30)
+    assert r.status_code == 202, r.text
+    job = _wait(replicas[0], r.json()["id"])
+    assert job["status"] == "succeeded", job
+    assert job["resources"] == {"cpus": 2, "gpus": 0}
+
+
 def test_a_replica_killed_while_its_job_trains_loses_nothing(
     cluster: Cluster, replicas: list[Server], dataset: dict[str, Any]
 ) -> None:

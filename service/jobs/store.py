@@ -190,11 +190,13 @@ class JobStore(LeaseOps, DatasetOps, StitchOps):
         ).fetchall()
         return [JobRecord.from_row(r) for r in rows[:limit]], len(rows) > limit
 
-    def queued_job_ids(self) -> list[str]:
-        """Ids of queued jobs, oldest first."""
+    def job_counts(self) -> tuple[dict[str, int], int]:
+        """Jobs by status, and how many were started more than once (their server or worker
+        died): what ``/metrics`` reports of the whole store."""
         conn = self._db.connection()
-        rows = conn.execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY seq").fetchall()
-        return [r["id"] for r in rows]
+        rows = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status").fetchall()
+        again = conn.execute("SELECT count(*) AS n FROM jobs WHERE attempts > 1").fetchall()
+        return {r["status"]: int(r["n"]) for r in rows}, int(again[0]["n"])
 
     def job_status(self, job_id: str) -> str:
         """The current status of a job (a cheap read for cancellation checks)."""

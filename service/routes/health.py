@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from service.deps import MetricsDep, SettingsDep
+from service.jobs.metrics import job_metrics
 from service.registry import StitchRegistry
 from service.schemas import HealthOut, LoadFailureOut, ReadinessOut
 
 __all__ = ["router"]
+
+logger = logging.getLogger("lead.service")
 
 router = APIRouter(tags=["health"])
 
@@ -73,7 +78,8 @@ async def metrics(request: Request, metrics: MetricsDep, settings: SettingsDep) 
     """Request counts by route and status, latency histograms, vectors translated.
 
     With several server processes in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), the
-    counts of all of them, whichever answers.
+    counts of all of them, whichever answers. Where jobs run, ``lead_jobs{status}`` and
+    ``lead_jobs_restarted`` count every job of the (shared) job store.
     """
     registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
     if registry is not None:
@@ -81,4 +87,11 @@ async def metrics(request: Request, metrics: MetricsDep, settings: SettingsDep) 
         metrics.stitches.labels("ready").set(len(state.ready))
         metrics.stitches.labels("pending").set(len(state.pending))
         metrics.stitches.labels("failed").set(len(state.failed))
-    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    body = metrics.exposition()
+    jobs = getattr(request.app.state, "jobs", None)
+    if jobs is not None:
+        try:
+            body += job_metrics(*await run_in_threadpool(jobs.store.job_counts))
+        except Exception:  # the job store unreachable: the other metrics still count
+            logger.warning("/metrics: could not read the job store", exc_info=True)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -258,6 +259,12 @@ def _traffic(
     return statuses, jobs, errors
 
 
+def _job_gauges(server: Server) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    found = re.finditer(r'^lead_jobs\{status="(\w+)"\} (\S+)$', text, re.M)
+    return {m[1]: float(m[2]) for m in found}
+
+
 def _all_jobs(server: Server) -> list[dict[str, Any]]:
     jobs, after = [], None
     while True:
@@ -295,6 +302,8 @@ def test_mixed_traffic_over_both_replicas_has_no_5xx_and_loses_no_job(
             assert 1 <= job["attempts"] <= 2
         elif job["status"] == "failed":
             assert job["error"]["message"]
+    gauges = [_job_gauges(server) for server in replicas]  # one store: the same counts
+    assert gauges[0] == gauges[1] and sum(gauges[0].values()) == len(a_jobs)
     # every replica serves every trained stitch (a stitch below the mean-estimator baseline
     # is kept but served by none: result.served false)
     served = {

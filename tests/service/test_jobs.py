@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -629,3 +630,22 @@ def test_pairs_whose_target_rows_are_all_the_same_are_refused_at_submission(
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "ill_conditioned_input"
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
+
+
+def test_metrics_count_the_jobs_of_the_store(jobs: TestClient, scifact_job: dict[str, Any]) -> None:
+    """``lead_jobs{status}`` counts every job record (all replicas' where the store is
+    shared), every status present even at zero."""
+    listed, after = [], None
+    while True:
+        page = jobs.get("/v1/jobs", params={"limit": 100, **({"after": after} if after else {})})
+        listed += page.json()["data"]
+        if not page.json()["has_more"]:
+            break
+        after = page.json()["last_id"]
+    text = jobs.get("/metrics").text
+    counts = {
+        m[1]: float(m[2]) for m in re.finditer(r'^lead_jobs\{status="(\w+)"\} (\S+)$', text, re.M)
+    }
+    assert set(counts) == {"queued", "running", "cancelling", "succeeded", "failed", "cancelled"}
+    assert sum(counts.values()) == len(listed) and counts["succeeded"] >= 1
+    assert re.search(r"^lead_jobs_restarted 0\.0$", text, re.M)

@@ -17,7 +17,6 @@ leftover of an interrupted write and is removed at start.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -70,11 +69,6 @@ class DataLayout:
 
     def job_file(self, job_id: str) -> Path:
         return self.job_data / f"{job_id}.safetensors"
-
-    def stitch_dir(self, stitch_id: str) -> Path:
-        if re.match(STITCH_ID_PATTERN, stitch_id) is None:
-            raise ValueError(f"not a local stitch id: {stitch_id!r}")
-        return self.stitches / stitch_id
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the root, as stored in the database."""
@@ -136,9 +130,3 @@ class DataLayout:
                 "removed %d leftover(s) of interrupted writes: %s", len(removed), removed
             )
         return removed
-
-    def stitch_dirs(self) -> list[Path]:
-        """Complete stitch folders, sorted by name."""
-        return sorted(
-            p for p in self.stitches.iterdir() if p.is_dir() and not p.name.startswith(".")
-        )

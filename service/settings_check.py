@@ -37,8 +37,8 @@ def _writable_folder(folder: Path) -> None:
 
 def _check_jobs(settings: Settings) -> None:
     """What the jobs of this server need; raises LeadError or OSError naming the problem."""
+    from lead._ray import check_ray_reachable
     from service.jobs.db import PostgresDatabase
-    from service.jobs.ray_runner import check_ray_reachable
     from service.jobs.stitch_store import FolderStore, open_stitch_store
 
     if settings.database_url is not None:

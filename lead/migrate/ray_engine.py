@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from lead._ray import check_ray_reachable
 from lead.errors import ConflictError, InvalidInputError, LeadError
 from lead.migrate.apply import ApplyResult, _progress, check_dims, check_go, migration_spec
 from lead.migrate.files import ParquetSource
@@ -198,6 +199,8 @@ def _ray_connected(address: str | None) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    if address:  # an unreachable head: ray.init would retry it for minutes
+        check_ray_reachable(address, setting="--ray-address")
     # no address: a new local instance ("local"), not whatever cluster an earlier
     # `ray start` on this machine left recorded in /tmp/ray
     ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING)

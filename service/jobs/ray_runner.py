@@ -24,12 +24,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from lead._ray import check_ray_reachable
 from lead.errors import InvalidInputError, StoreError
 from service.jobs.layout import DataLayout
 from service.jobs.runner import JobLoop, OnSucceeded, Outcome
@@ -37,45 +36,9 @@ from service.jobs.stitch_store import open_stitch_store
 from service.jobs.store import JobRecord, JobStore
 from service.jobs.worker import WorkerConfig, run_job
 
-__all__ = ["RayRunner", "check_ray_reachable", "train_on_ray"]
+__all__ = ["RayRunner", "train_on_ray"]
 
 logger = logging.getLogger("lead.jobs.runner")
-
-#: Seconds a server waits for the Ray head's port before it refuses to start.
-CONNECT_TIMEOUT_S = 10.0
-
-
-def check_ray_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast when a ``host:port`` or ``ray://host:port`` address does not answer.
-
-    ``ray.init`` retries an unreachable head for minutes before it gives up, so a server
-    with a wrong ``LEAD_RAY_ADDRESS`` would hang at start-up; this opens one TCP connection
-    to the head's port first. ``auto`` and ``local`` are left to Ray (it fails at once when
-    no cluster runs on this machine).
-
-    Raises
-    ------
-    StoreError
-        If the address has no port or nothing accepts a connection there within ``timeout``
-        seconds (the message names the address and the reason).
-    """
-    if address in ("auto", "local"):
-        return
-    parts = urlsplit(address if "://" in address else f"//{address}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:  # a port that is not a number
-        host, port = None, None
-    if not host or port is None:
-        raise StoreError(f"LEAD_RAY_ADDRESS {address!r} is not auto, host:port or ray://host:port")
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise StoreError(
-            f"cannot reach the Ray cluster at {address} (LEAD_RAY_ADDRESS): {reason}; is the "
-            "Ray head running there?"
-        ) from None
 
 
 def _with_device(request: dict[str, Any], device: str) -> dict[str, Any]:

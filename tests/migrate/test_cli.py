@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from lead.cli import main
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.translator import LocalTranslator
 from scripts.migrate_demo import build_demo, load_scifact
+from tests.conftest import REPO
+from tests.migrate._data import write_parquet
 from tests.migrate.conftest import checksum, sql
 
 
@@ -232,3 +237,23 @@ def test_a_file_target_must_be_a_folder(demo, tmp_path, capsys):
         == 2
     )
     assert "Parquet folder" in capsys.readouterr().err
+
+
+def test_apply_on_an_unreachable_ray_address_fails_at_once(
+    scifact_small: Any, tmp_path: Path
+) -> None:
+    """``ray.init`` retries an unreachable head for minutes; the migration says so at once."""
+    pytest.importorskip("ray")
+    source = write_parquet(
+        tmp_path / "rows.parquet", np.arange(8), scifact_small.corpus["minilm"][:8]
+    )
+    lead = Path(sys.executable).with_name("lead")
+    argv = [str(lead), "migrate", "apply", source, str(tmp_path / "out"), "--stitch",
+            str(REPO / "models" / "minilm-to-mpnet"), "--engine", "ray",
+            "--ray-address", "127.0.0.1:1", "--quiet"]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "cannot reach the Ray cluster at 127.0.0.1:1 (--ray-address)" in done.stderr
+    assert "Traceback" not in done.stderr and time.monotonic() - started < 60
+    assert not (tmp_path / "out").exists()

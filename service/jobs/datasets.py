@@ -30,6 +30,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save
 
+from lead._durable import atomic_write, fsync_path
 from lead.data import check_embeddings
 from lead.errors import (
     DecodeError,
@@ -48,7 +49,6 @@ __all__ = [
     "publish",
     "receive_upload",
     "save_pairs",
-    "write_atomic",
 ]
 
 MIN_PAIRS = 4
@@ -290,31 +290,14 @@ def load_paired(path: Path) -> PairedData:
     return PairedData(arrays["source"], arrays["target"], retrieval)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all-or-nothing: temp file, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    publish(tmp, path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_pairs(path: Path, source: np.ndarray, target: np.ndarray) -> None:
     """Store inline pairs ``(n, d_src)``, ``(n, d_tgt)`` as a float32 dataset file, atomically."""
     tensors = {
         "source": np.ascontiguousarray(source, dtype=np.float32),
         "target": np.ascontiguousarray(target, dtype=np.float32),
     }
-    write_atomic(path, save(tensors))
+    data = save(tensors)
+    atomic_write(path, lambda handle: handle.write(data))
 
 
 async def receive_upload(
@@ -365,4 +348,4 @@ async def receive_upload(
 def publish(tmp: Path, path: Path) -> None:
     """Rename a complete, fsynced temporary file to its final name and fsync the folder."""
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)

@@ -44,7 +44,6 @@ logger = logging.getLogger("lead.jobs.runner")
 def _with_device(request: dict[str, Any], device: str) -> dict[str, Any]:
     """The request with ``options.device`` set when the method trains with torch (mlp, ...)
     and the job did not choose a device itself."""
-    from lead.errors import InvalidInputError
     from lead.fitting import check_method_options
 
     options = dict(request["options"])

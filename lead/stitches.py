@@ -10,6 +10,7 @@ Matrices follow ``torch.nn.Linear``: ``weight`` has shape ``(d_tgt, d_src)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ __all__ = [
     "STITCH_REGISTRY",
     "AffineStitch",
     "InvertibleStitch",
+    "LocalStitch",
     "MLPStitch",
     "OrthogonalStitch",
     "Stitch",
@@ -231,6 +233,82 @@ class MLPStitch(Stitch):
     def _map(self, x_centred: Tensor) -> Tensor:
         residual: Tensor = self.mlp(x_centred)
         return x_centred @ self.weight.T + residual
+
+
+class LocalStitch(Stitch):
+    r"""A global linear map corrected by the residuals of the nearest training pairs.
+
+    :math:`y = W x_c + \mu_y + \lambda \sum_{j \in N_k(x)} w_j r_j`, where
+    :math:`N_k(x)` are the ``k`` memory rows whose source vectors (``keys``, unit rows) have
+    the highest cosine :math:`s_j` to :math:`x`, :math:`r_j` their fitted residuals
+    (``values``: target vector minus the global map's prediction) and
+    :math:`w_j = e^{(s_j - 1)/T} / (\sum_{i \in N_k} e^{(s_i - 1)/T} + e^{(\sigma - 1)/T})`:
+    a softmax with temperature ``T`` and a *sink* at cosine :math:`\sigma`, so an input
+    far from every memory row (all :math:`s_j \ll \sigma`) keeps the global map's answer.
+    Fitted by :func:`lead.local.fit_local`.
+
+    Tensors: ``weight`` ``(d_tgt, d_src)``, ``keys`` ``(memory, d_src)``, ``values``
+    ``(memory, d_tgt)``, ``source_mean``, ``target_mean``. The memory holds training
+    vectors: a stitch saved with it carries (vectors of) its training data.
+
+    References
+    ----------
+    .. [1] U. Khandelwal et al., "Generalization through Memorization: Nearest Neighbor
+       Language Models", ICLR 2020, arXiv:1911.00172 (residual retrieval from a memory).
+    """
+
+    architecture = "local"
+    config_keys = ("memory", "k", "temperature", "strength", "sink")
+    #: Rows scored against the memory at once (bounds the (rows, memory) score matrix).
+    CHUNK = 1024
+
+    def __init__(
+        self,
+        d_src: int,
+        d_tgt: int,
+        *,
+        memory: int = 1,
+        k: int = 10,
+        temperature: float = 0.05,
+        strength: float = 0.5,
+        sink: float = 0.6,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(d_src, d_tgt, **kwargs)
+        if memory < 1 or not 1 <= k <= memory or not temperature > 0:
+            raise ShapeMismatchError(
+                f"need memory >= 1, 1 <= k <= memory and temperature > 0, got memory={memory}, "
+                f"k={k}, temperature={temperature}",
+                expected="memory >= k >= 1",
+                got=(memory, k),
+            )
+        self.memory, self.k = int(memory), int(k)
+        self.temperature = float(temperature)
+        self.strength, self.sink = float(strength), float(sink)
+        self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
+        self.keys = nn.Parameter(torch.zeros(memory, d_src))
+        self.values = nn.Parameter(torch.zeros(memory, d_tgt))
+
+    def _map(self, x_centred: Tensor) -> Tensor:
+        base = x_centred @ self.weight.T
+        if self.strength == 0:
+            return base
+        parts = [
+            self._correction(x_centred[i : i + self.CHUNK])
+            for i in range(0, x_centred.shape[0], self.CHUNK)
+        ]
+        correction = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return base + self.strength * correction.to(base.dtype)
+
+    def _correction(self, x_centred: Tensor) -> Tensor:
+        x = unit_rows(x_centred.float() + self.source_mean.float())
+        scores = x @ self.keys.float().T
+        top, index = scores.topk(self.k, dim=1)
+        inverse_t = 1.0 / self.temperature
+        weights = torch.exp((top - 1.0) * inverse_t)
+        total = weights.sum(dim=1, keepdim=True) + math.exp((self.sink - 1.0) * inverse_t)
+        neighbours = self.values.float()[index]  # (n, k, d_tgt)
+        return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1)
 
 
 class _Coupling(nn.Module):
@@ -528,7 +606,8 @@ def oriented(
 
 #: Architecture name → stitch class. The only way a config names a class.
 STITCH_REGISTRY: dict[str, type[Stitch]] = {
-    cls.architecture: cls for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch)
+    cls.architecture: cls
+    for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch, LocalStitch)
 }
 
 

@@ -113,11 +113,12 @@ def test_refit_replaces_the_scale(scifact_small: Any) -> None:
     assert fit_output_scale(stitch, X, Y) == pytest.approx(first)  # not compounded
 
 
-def test_procrustes_mix_no_longer_collapses(scifact_small: Any) -> None:
-    """Half the corpus re-embedded natively, half translated (2 folds, cross-fitted):
-    pml3 vectors are spread less around their mean than all-MiniLM-L6-v2 ones, so the
-    orthogonal map's translations sit too far from the mean once normalised, and the
-    calibrated stitch retrieves better over the mixed corpus."""
+def test_calibrated_ridge_retrieves_better_over_a_mixed_corpus(scifact_small: Any) -> None:
+    """Half the corpus re-embedded natively, half translated (2 folds, cross-fitted,
+    outputs L2-normalised as fitted): ridge shrinks its translations toward the pml3 mean
+    (the fitted scale is about 2 on this fixture), so once normalised they do not sit
+    among the native vectors; with the scale the mixed corpus retrieves better (measured
+    0.657 -> 0.684 nDCG@10, mean of 3 random halves)."""
     X, Y = scifact_small.corpus["minilm"], scifact_small.corpus["pml3"]
     ids, Q = scifact_small.corpus_ids, scifact_small.queries["pml3"]
 
@@ -125,15 +126,23 @@ def test_procrustes_mix_no_longer_collapses(scifact_small: Any) -> None:
         translated = np.empty_like(Y)
         for test in kfold_indices(len(ids), 2, 0):
             train = np.setdiff1d(np.arange(len(ids)), test)
-            stitch = fit_stitch(X[train], Y[train], "procrustes", calibrate_variance=calibrate)
+            stitch = fit_stitch(X[train], Y[train], "ridge", calibrate_variance=calibrate)
+            assert stitch.normalize_output
+            if calibrate:
+                assert stitch.info.fit["output_scale"] > 1.5
             with torch.no_grad():
                 translated[test] = stitch(torch.from_numpy(X[test])).numpy()
-        native = np.random.default_rng(0).permutation(len(ids))[: len(ids) // 2]
-        translated[native] = Y[native]
-        scores = retrieval_scores(
-            Q, translated, query_ids=scifact_small.query_ids, corpus_ids=ids,
-            qrels=scifact_small.qrels,
-        )  # fmt: skip
-        return float(scores["ndcg_at_10_score"])
+        scores = []
+        for seed in range(3):
+            docs = translated.copy()
+            native = np.random.default_rng(seed).permutation(len(ids))[: len(ids) // 2]
+            docs[native] = Y[native]
+            scores.append(
+                retrieval_scores(
+                    Q, docs, query_ids=scifact_small.query_ids, corpus_ids=ids,
+                    qrels=scifact_small.qrels,
+                )["ndcg_at_10_score"]
+            )  # fmt: skip
+        return float(np.mean(scores))
 
-    assert mixed_ndcg(True) > mixed_ndcg(False)
+    assert mixed_ndcg(True) > mixed_ndcg(False) + 0.01

@@ -64,8 +64,14 @@ FULL: dict[str, Any] = {
     # fidelity to the bound (bench/fidelity.py)
     "fid_curve_pairs": [("minilm", "mpnet"), ("minilm", "e5"), ("minilm", "pml3")],
     "fid_curve_sizes": (250, 500, 1000, 2000, 4000),
-    "fid_curve_methods": {"ridge": {}, "procrustes": {}},
+    # mlp: the bundled stitches' method and options (models/*/config.json), one seed
+    "fid_curve_methods": {
+        "ridge": {},
+        "procrustes": {},
+        "mlp": {"hidden_dim": 512, "max_epochs": 8, "patience": 2},
+    },
     "fid_curve_seeds": 3,
+    "fid_curve_seeds_by_method": {"mlp": 1},
     "fid_progressive_ids": list(BUNDLED_STITCHES),
     "fid_progressive_extra": {"ridge": {}, "procrustes": {}},
     "fid_progressive_extra_ids": ["minilm-to-mpnet", "minilm-to-e5"],
@@ -95,6 +101,7 @@ QUICK: dict[str, Any] = {
     "fid_curve_sizes": (250, 1000),
     "fid_curve_methods": {"ridge": {}},
     "fid_curve_seeds": 1,
+    "fid_curve_seeds_by_method": {},
     "fid_progressive_ids": ["minilm-to-pml3"],
     "fid_progressive_extra": {"procrustes": {}},
     "fid_progressive_extra_ids": ["minilm-to-e5"],
@@ -254,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 ood_ids=cfg["fid_progressive_ids"],
                 ood_sentences=cfg["fid_ood_sentences"],
                 method_options=cfg["fid_method_options"],
+                curve_seeds_by_method=cfg["fid_curve_seeds_by_method"],
             )
         write_result("fidelity", {**result, "section": sec.info})
         run["sections"]["fidelity"] = sec.info

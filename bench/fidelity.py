@@ -332,6 +332,7 @@ def run(
     ood_sentences: int,
     workers: int = 2,
     method_options: dict[str, dict[str, Any]] | None = None,
+    curve_seeds_by_method: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """All three studies, in ``workers`` processes of one torch thread each."""
     import multiprocessing
@@ -356,7 +357,7 @@ def run(
     for src, tgt in curve_pairs:
         for size in curve_sizes:
             for method, options in curve_methods.items():
-                for seed in range(curve_seeds):
+                for seed in range((curve_seeds_by_method or {}).get(method, curve_seeds)):
                     args = (src, tgt, method, options, size, seed)
                     tasks.append(("curve", learning_point, args))
     context = multiprocessing.get_context("spawn")
@@ -370,6 +371,7 @@ def run(
             "drawn from the other folds; whole translated corpus, 300 test queries",
             "sizes": list(curve_sizes),
             "seeds": curve_seeds,
+            "seeds_by_method": curve_seeds_by_method or {},
             "methods": curve_methods,
             "rows": [r for kind, r in done if kind == "curve"],
         },

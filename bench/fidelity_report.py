@@ -36,7 +36,7 @@ def learning_curve(lc: dict[str, Any], bounds: dict[str, Any]) -> list[str]:
     lines = [
         "### Learning curve: how many documents must be re-embedded to calibrate?",
         "",
-        f"{lc['protocol']}; mean over {lc['seeds']} seed(s) (± the spread across seeds). "
+        f"{lc['protocol']}; mean over the seeds column (± the spread across seeds). "
         "Cells: document-side nDCG@10 **over the bound**.",
         "",
     ]
@@ -47,8 +47,10 @@ def learning_curve(lc: dict[str, Any], bounds: dict[str, Any]) -> list[str]:
             f"{np.mean(by_size[k]):.3f} ± {np.std(by_size[k]):.3f}" if k in by_size else "–"
             for k in sizes
         ]
-        rows.append([f"{src} → {tgt}", method, f"{bound:.3f}", *cells])
-    lines += _table(["pair", "method", "bound nDCG@10", *[f"K={k:,}" for k in sizes]], rows)
+        seeds = max(len(v) for v in by_size.values())
+        rows.append([f"{src} → {tgt}", method, seeds, f"{bound:.3f}", *cells])
+    header = ["pair", "method", "seeds", "bound nDCG@10", *[f"K={k:,}" for k in sizes]]
+    lines += _table(header, rows)
     return [*lines, "![fidelity learning curve](fidelity_learning_curve.png)", ""]
 
 

@@ -116,3 +116,6 @@ def test_fidelity_methods_come_from_the_bundled_configs() -> None:
         method, options = bundled_method(stitch_id)
         assert method in {"ridge", "procrustes", "mlp", "invertible"}, (stitch_id, method)
         assert isinstance(options, dict)
+        # the learning curve's row for the bundled method fits it as the bundle did
+        if method in FULL["fid_curve_methods"]:
+            assert FULL["fid_curve_methods"][method] == options, stitch_id

@@ -25,6 +25,7 @@ from lead._validation import (
 )
 from lead._version import __version__
 from lead.anchors import check_anchor_options, fit_anchors
+from lead.calibration import fit_output_scale
 from lead.closed_form import (
     DEFAULT_RIDGE_ALPHAS,
     ProgressCallback,
@@ -163,6 +164,7 @@ def fit_stitch(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     sample_weight: Any = None,
+    calibrate_variance: bool = False,
     **options: Any,
 ) -> Stitch:
     """Fit a stitch from paired vectors with the named method.
@@ -204,6 +206,11 @@ def fit_stitch(
     sample_weight : array_like of shape (n,), optional
         Non-negative weight of each pair (method ``local`` only): e.g. 1 for in-domain pairs
         and 0.05 for general-domain extra pairs; rescaled to mean 1.
+    calibrate_variance : bool, default False
+        After any method, fit the stitch's output scale on the training pairs
+        (:func:`lead.calibration.fit_output_scale`) so that translated residuals have
+        the native spread; recorded as ``fit["output_scale"]``. Off, the stitch is
+        exactly what the method made. Not for ``unsupervised`` (no pairs).
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
         :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
@@ -229,6 +236,15 @@ def fit_stitch(
         produces them on ``X``.
     """
     canonical = check_method_options(method, options)  # names and values, before any work
+    if not isinstance(calibrate_variance, bool):
+        raise InvalidInputError(
+            "calibrate_variance must be true or false", param="calibrate_variance"
+        )
+    if calibrate_variance and canonical == "unsupervised":
+        raise InvalidInputError(
+            "calibrate_variance needs paired vectors; the unsupervised method has none",
+            param="calibrate_variance",
+        )
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
     if sample_weight is not None and canonical != "local":
         raise InvalidInputError(
@@ -289,6 +305,8 @@ def fit_stitch(
         if isinstance(error, LeadError):  # FitError, JobCancelledError, ...
             raise
         raise FitError(f"the {canonical} fit failed: {error}") from None
+    if calibrate_variance:
+        stitch.info.fit["output_scale"] = fit_output_scale(stitch, X, Y)
     if progress is not None and closed_form:
         progress("fit", 1, 1)
     info.fit = {

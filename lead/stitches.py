@@ -18,7 +18,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lead.errors import NotInvertibleError, ShapeMismatchError, UnknownArchitectureError
+from lead.errors import (
+    InvalidInputError,
+    NotInvertibleError,
+    ShapeMismatchError,
+    UnknownArchitectureError,
+)
 
 __all__ = [
     "STITCH_REGISTRY",
@@ -66,7 +71,7 @@ class StitchInfo:
 
 
 class Stitch(nn.Module):
-    """Base class: centre, map, add the target mean, optionally L2-normalise.
+    r"""Base class: centre, map, add the target mean, optionally L2-normalise.
 
     Parameters
     ----------
@@ -76,6 +81,12 @@ class Stitch(nn.Module):
         L2-normalise every output row (for targets whose vectors are unit length).
     info : StitchInfo, optional
         Models and provenance; saved with the stitch.
+    output_scale : bool, default False
+        Hold a fitted scalar ``output_scale`` (tensor of shape (1,), starts at 1) that
+        multiplies the mapped residual before the target mean is added:
+        :math:`y = s\,g(x - \mu_x) + \mu_y` (:func:`lead.calibration.fit_output_scale`).
+        Off, the stitch has no such tensor and computes exactly what it did without it;
+        on, ``config.json`` says ``"output_scale": true``.
     """
 
     architecture: ClassVar[str] = ""
@@ -89,6 +100,7 @@ class Stitch(nn.Module):
         *,
         normalize_output: bool = False,
         info: StitchInfo | None = None,
+        output_scale: bool = False,
     ) -> None:
         super().__init__()
         if d_src < 1 or d_tgt < 1:
@@ -103,10 +115,35 @@ class Stitch(nn.Module):
         self.info = info if info is not None else StitchInfo()
         self.source_mean = nn.Parameter(torch.zeros(d_src), requires_grad=False)
         self.target_mean = nn.Parameter(torch.zeros(d_tgt), requires_grad=False)
+        self.output_scale: nn.Parameter | None
+        self.register_parameter(
+            "output_scale",
+            nn.Parameter(torch.ones(1), requires_grad=False) if output_scale else None,
+        )
 
     def get_config(self) -> dict[str, Any]:
-        """Architecture parameters, the keys of :attr:`config_keys`."""
-        return {key: getattr(self, key) for key in self.config_keys}
+        """Architecture parameters, the keys of :attr:`config_keys` (and ``output_scale:
+        true`` when the stitch holds a fitted output scale)."""
+        config = {key: getattr(self, key) for key in self.config_keys}
+        if self.output_scale is not None:
+            config["output_scale"] = True
+        return config
+
+    def set_output_scale(self, scale: float) -> None:
+        r"""Hold (or replace) the output scale ``s`` of :math:`y = s\,g(x - \mu_x) + \mu_y`.
+
+        Raises
+        ------
+        InvalidInputError
+            If ``scale`` is not a finite positive number.
+        """
+        value = float(scale)
+        if not math.isfinite(value) or value <= 0:
+            raise InvalidInputError(
+                f"output scale must be finite and positive, got {scale}", param="output_scale"
+            )
+        tensor = torch.full((1,), value, dtype=self.target_mean.dtype)
+        self.output_scale = nn.Parameter(tensor.to(self.target_mean.device), requires_grad=False)
 
     def _map(self, x_centred: Tensor) -> Tensor:
         raise NotImplementedError
@@ -140,7 +177,10 @@ class Stitch(nn.Module):
                 expected=self.d_src,
                 got=tuple(x.shape),
             )
-        y = self._map(x - self.source_mean) + self.target_mean
+        residual = self._map(x - self.source_mean)
+        if self.output_scale is not None:
+            residual = residual * self.output_scale
+        y = residual + self.target_mean
         return unit_rows(y) if self.normalize_output else y
 
 
@@ -559,6 +599,8 @@ class InvertibleStitch(Stitch):
     def inverse_raw(self, y: Tensor) -> Tensor:
         """:meth:`inverse` without the normalisation, in at least float32 (for training)."""
         z = self._pad(y - self.target_mean)
+        if self.output_scale is not None:
+            z = z / self.output_scale
         for coupling in reversed(self.couplings):
             assert isinstance(coupling, _Coupling)
             z = coupling.inverse(z)

@@ -194,6 +194,7 @@ def _fit_with_progress(
             seed=args.seed,
             progress=progress,
             sample_weight=sample_weight,
+            calibrate_variance=getattr(args, "calibrate_variance", False),
             **parse_option_items(args.option),
         )
     finally:
@@ -448,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         default="ridge",
         help="ridge | procrustes | mlp | invertible | anchors | unsupervised | local",
+    )
+    fit.add_argument(
+        "--calibrate-variance",
+        action="store_true",
+        help="after the fit, scale translated residuals to the native spread of the targets "
+        "(a corpus mixing translated and natively re-embedded vectors then never retrieves "
+        "worse than a fully translated one; see lead.calibration)",
     )
     fit.add_argument(
         "--weight",

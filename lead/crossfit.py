@@ -66,6 +66,7 @@ def crossfit_retrieval(
     folds: int = 5,
     seed: int = 0,
     extra_pairs: tuple[Any, Any] | None = None,
+    extra_weights: Any = None,
     k: int = 10,
     progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
@@ -97,6 +98,9 @@ def crossfit_retrieval(
         Seed of the fold split and of every fit.
     extra_pairs : (array of shape (n_extra, d_src), array of shape (n_extra, d_tgt)), optional
         Additional training pairs (e.g. general-domain sentences) added to every fit.
+    extra_weights : array of shape (n_extra,), optional
+        Sample weights of the extra pairs, the documents weighing 1 (methods that take
+        ``sample_weight``: ``local``).
     k : int, default 10
         Recall cut-off (nDCG is always at 10).
     progress : callable, optional
@@ -180,9 +184,12 @@ def crossfit_retrieval(
     def fit(rows: np.ndarray) -> Any:
         index = torch.from_numpy(rows)
         train_x, train_y = X[index], Y[index]
+        weight = None
         if extra_x is not None and extra_y is not None:
             train_x, train_y = torch.cat([train_x, extra_x]), torch.cat([train_y, extra_y])
-        return fit_stitch(train_x, train_y, method, seed=seed, **opts)
+            if extra_weights is not None:
+                weight = np.concatenate([np.ones(len(rows)), np.asarray(extra_weights, float)])
+        return fit_stitch(train_x, train_y, method, seed=seed, sample_weight=weight, **opts)
 
     def search(queries: Any, docs: Any) -> dict[str, Any]:
         return retrieval_scores(

@@ -53,7 +53,19 @@ CANDIDATES = {
     "procrustes": ("procrustes", {}),
     "ridge": ("ridge", {}),
     "mlp": ("mlp", {"hidden_dim": 512, "max_epochs": 8, "patience": 2}),
+    "local": ("local", {"max_memory": 6500}),
 }
+#: Row weights of the three training parts for the methods that take them (local): the
+#: user's own documents and queries count fully, the general-domain sentences a little
+#: (they still enter the memory, up to ``max_memory`` rows, the heaviest first).
+WEIGHTS = {"docs": 1.0, "queries": 1.0, "sts": 0.05}
+WEIGHTED_METHODS = ("local",)
+#: Stitches whose local candidate is fitted with the output scale (``--calibrate-variance``):
+#: multilingual-e5-small's vectors sit close to a large mean, and without the scale a corpus
+#: mixing natively re-embedded e5 documents with translated ones retrieves worse than a fully
+#: translated one (``bench/results/fidelity.json``); into the other models it costs a little
+#: retrieval and is not needed.
+CALIBRATED = ("minilm-to-e5", "e5-to-minilm")
 #: file stems of the three training parts, as recorded in each stitch's config and card
 PARTS = {"docs": "scifact-docs", "queries": "scifact-train-queries", "sts": "stsb-sentences"}
 MIN_GAIN = 0.02
@@ -101,6 +113,11 @@ def fit_candidate(
     cmd = [sys.executable, "-m", "lead.cli", "fit", "--method", method]
     for part in ("docs", "queries", "sts"):  # relative names: they are recorded in the card
         cmd += ["--source", f"{PARTS[part]}.{src}.npy", "--target", f"{PARTS[part]}.{tgt}.npy"]
+    if method in WEIGHTED_METHODS:
+        for part in ("docs", "queries", "sts"):
+            cmd += ["--weight", str(WEIGHTS[part])]
+        if stitch_id in CALIBRATED:
+            cmd += ["--calibrate-variance"]
     for key, value in options.items():
         cmd += ["--option", f"{key}={json.dumps(value)}"]
     cmd += [

@@ -12,7 +12,8 @@ source model's own test queries over its own corpus; a translated vector only ca
 the source model captured, so keeping the old model is the natural ceiling).
 
 Two training regimes: ``scifact`` (the fold's SciFact documents only: what a user gets by
-training on their own corpus) and ``bundled`` (the same plus the bundled stitches' extra
+training on their own corpus; for the weighted ``local`` method also the 809 non-test
+SciFact queries) and ``bundled`` (the same plus the bundled stitches' extra
 data: the 809 non-test SciFact queries and the 12,935 STS-B sentences). Writes
 ``models/retrieval.json``.
 """
@@ -23,21 +24,32 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from build import MODELS_DIR, STITCHES, scifact_pairs
+from build import MODELS_DIR, STITCHES, WEIGHTED_METHODS, WEIGHTS, scifact_pairs
 from safetensors.numpy import load_file
 
 from lead.crossfit import crossfit_retrieval
 
-PAIRS = ("minilm-to-pml3", "minilm-to-e5", "minilm-to-mpnet")
+PAIRS = (
+    "minilm-to-pml3",
+    "minilm-to-e5",
+    "minilm-to-mpnet",
+    "mpnet-to-minilm",
+    "e5-to-minilm",
+)
 #: name -> (method, options). "ridge" picks its strength by held-out MSE, which favours
 #: more shrinkage than retrieval likes; "ridge-1e-6" fixes a small one.
-VARIANTS = {
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ridge": ("ridge", {}),
     "ridge-1e-6": ("ridge", {"alpha": 1e-6}),
     "procrustes": ("procrustes", {}),
     "mlp": ("mlp", {"hidden_dim": 512, "max_epochs": 8, "patience": 2}),
+    # the bundled recipe (models/build.py): weighted parts, capped memory; with the output
+    # scale (calibrate_variance) for the e5 pairs, whose mixed corpora need it
+    "local": ("local", {"max_memory": 6500}),
+    "local-calibrated": ("local", {"max_memory": 6500, "calibrate_variance": True}),
 }
 
 
@@ -58,6 +70,26 @@ def test_queries(
     return queries, [ids["queries"][i] for i in rows], qrels
 
 
+def _extra(
+    pairs: dict[str, Any], regime: str, weighted: bool
+) -> tuple[tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
+    """The extra training pairs (and their weights, for methods that take them) of a
+    regime: ``bundled``, the training queries and the STS-B sentences; ``scifact``, none,
+    or for weighted methods the training queries (SciFact data: a team embeds a sample of
+    its own queries with both models far more cheaply than its corpus)."""
+    parts = ("queries", "sts") if regime == "bundled" else ("queries",) if weighted else ()
+    if not parts:
+        return None, None
+    extra = (
+        np.concatenate([pairs[f"source_{part}"] for part in parts]),
+        np.concatenate([pairs[f"target_{part}"] for part in parts]),
+    )
+    if not weighted:
+        return extra, None
+    weights = np.concatenate([np.full(len(pairs[f"source_{p}"]), WEIGHTS[p]) for p in parts])
+    return extra, weights
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=MODELS_DIR.parent.parent / "shared" / "data")
@@ -70,13 +102,10 @@ def main() -> None:
         src, tgt = STITCHES[stitch_id]
         pairs = scifact_pairs(args.data, src, tgt)
         (q_src, q_tgt), query_ids, qrels = test_queries(args.data, (src, tgt))
-        extra = (
-            np.concatenate([pairs["source_queries"], pairs["source_sts"]]),  # type: ignore[list-item]
-            np.concatenate([pairs["target_queries"], pairs["target_sts"]]),  # type: ignore[list-item]
-        )
         for variant in args.methods.split(","):
             method, options = VARIANTS[variant]
             for regime in ("scifact", "bundled"):
+                extra, weights = _extra(pairs, regime, method in WEIGHTED_METHODS)
                 start = time.perf_counter()
                 figures = crossfit_retrieval(
                     pairs["source_docs"],
@@ -90,7 +119,8 @@ def main() -> None:
                     options=options,
                     folds=5,
                     seed=0,
-                    extra_pairs=extra if regime == "bundled" else None,
+                    extra_pairs=extra,
+                    extra_weights=weights,
                 )
                 figures["seconds"] = round(time.perf_counter() - start, 1)
                 results[f"{stitch_id}/{variant}/{regime}"] = figures

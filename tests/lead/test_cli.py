@@ -382,3 +382,11 @@ def test_fit_local_weighs_each_pair_of_files(
     assert "1 --weight for 2 --source/--target pairs" in capsys.readouterr().err
     assert main(_fit_args(tmp_path / "ridge", "--weight", "1")) == 2
     assert "method 'local' only" in capsys.readouterr().err
+
+
+def test_fit_calibrate_variance_records_the_output_scale(tmp_path: Path) -> None:
+    assert main(_fit_args(tmp_path / "plain", "--method", "ridge")) == 0
+    assert main(_fit_args(tmp_path / "scaled", "--method", "ridge", "--calibrate-variance")) == 0
+    plain, scaled = load_stitch(tmp_path / "plain"), load_stitch(tmp_path / "scaled")
+    assert "output_scale" not in plain.info.fit
+    assert scaled.info.fit["output_scale"] > 1  # ridge shrinks: the scale restores the spread

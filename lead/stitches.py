@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lead.errors import NotInvertibleError, ShapeMismatchError, UnknownArchitectureError
+
+if TYPE_CHECKING:
+    from lead.confidence import ConfidenceHead
 
 __all__ = [
     "STITCH_REGISTRY",
@@ -101,6 +104,33 @@ class Stitch(nn.Module):
         self.info = info if info is not None else StitchInfo()
         self.source_mean = nn.Parameter(torch.zeros(d_src), requires_grad=False)
         self.target_mean = nn.Parameter(torch.zeros(d_tgt), requires_grad=False)
+
+    #: The submodule name of :attr:`confidence_head` (its tensors are ``confidence.*``).
+    CONFIDENCE: ClassVar[str] = "confidence"
+
+    @property
+    def confidence_head(self) -> ConfidenceHead | None:
+        """The stitch's :class:`~lead.confidence.ConfidenceHead`, or None (the default).
+
+        Stored as the submodule ``confidence``, so its buffers follow the stitch's device
+        and are saved as ``confidence.*`` tensors (:func:`lead.artifacts.save_stitch`).
+        """
+        head = self._modules.get(self.CONFIDENCE)
+        return head  # type: ignore[return-value]
+
+    @confidence_head.setter
+    def confidence_head(self, head: ConfidenceHead | None) -> None:
+        self._modules.pop(self.CONFIDENCE, None)
+        if head is not None:
+            self.add_module(self.CONFIDENCE, head)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # nn.Module would register a module under the attribute's own name, bypassing the
+        # property; route it through the property instead
+        if name == "confidence_head":
+            type(self).confidence_head.fset(self, value)  # type: ignore[attr-defined]
+            return
+        super().__setattr__(name, value)
 
     def get_config(self) -> dict[str, Any]:
         """Architecture parameters, the keys of :attr:`config_keys`."""

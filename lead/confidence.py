@@ -15,11 +15,11 @@ after :func:`lead.unit_input.normalize_input`):
    training inputs gives a Mahalanobis distance along its k least-variance axes, where
    inputs unlike the training ones (garbage, another model's vectors) stand out;
 2. features of a row: ``log`` of the disagreement, of the distance, of ``|x - mu|^2``, of
-   ``|y_pred - target_mean|^2`` and of ``|y_pred|^2``, plus the centred ``x`` and
-   ``y_pred`` themselves (linear terms);
+   ``|y_pred - target_mean|^2`` and of ``|y_pred|^2``, plus the centred ``x`` itself (a
+   linear term; one in ``y_pred`` as well measured no better);
 3. stage 1, on (up to 20,000) training rows: a ridge predictor of the cosine of a 5-fold
    cross-fitted ridge translation (the stitch's own are in-sample there) from the features
-   and both linear terms; stage 2, on the held-out rows: a ridge predictor of the true
+   and the linear term; stage 2, on the held-out rows: a ridge predictor of the true
    ``cos(y_pred, y)`` from stage 1's score, the features and the centred ``x`` (penalties
    by leave-one-out, the scalar features barely penalised). Both stages are linear, so the
    head stores one linear function. Stage 2 is cross-fitted over 5 folds of the held-out
@@ -61,6 +61,7 @@ __all__ = [
     "CONFIDENCE_VERSION",
     "MIN_HELD_OUT_ROWS",
     "ConfidenceHead",
+    "attach_confidence",
     "fit_confidence",
     "head_from_config",
     "translate_with_confidence",
@@ -100,14 +101,13 @@ class ConfidenceHead(nn.Module):
     stitch is moved to: ``source_mean`` (d_src,), ``target_mean`` (d_tgt,),
     ``projection`` (d_src, 2 rank + 1) holding ``[G_x | P | beta_x]`` (disagreement factor,
     whitened least-variance axes, linear term in ``x``), ``disagreement_offset`` (rank,)
-    the intercept row of ``G``, ``target_weight`` (d_tgt,) the linear term in ``y_pred``,
-    ``feature_weight`` (N_FEATURES,), ``bias`` (1,), ``knots_x`` / ``knots_y`` (knots,)
-    and ``ood_threshold`` (1,).
+    the intercept row of ``G``, ``feature_weight`` (N_FEATURES,), ``bias`` (1,),
+    ``knots_x`` / ``knots_y`` (knots,) and ``ood_threshold`` (1,).
 
     With ``xc = x - source_mean``, ``p = xc @ projection``:
     ``disagreement = |p[:, :k] + disagreement_offset|^2``, ``distance = |p[:, k:2k]|^2``,
-    ``raw = log(features) @ feature_weight + p[:, 2k] + (y_pred - target_mean) @
-    target_weight + bias``, ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)`` and
+    ``raw = log(features) @ feature_weight + p[:, 2k] + bias``,
+    ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)`` and
     ``out_of_distribution = distance > ood_threshold``.
     """
 
@@ -128,7 +128,6 @@ class ConfidenceHead(nn.Module):
             "target_mean": (d_tgt,),
             "projection": (d_src, 2 * rank + 1),
             "disagreement_offset": (rank,),
-            "target_weight": (d_tgt,),
             "feature_weight": (N_FEATURES,),
             "bias": (1,),
             "knots_x": (knots,),
@@ -143,7 +142,6 @@ class ConfidenceHead(nn.Module):
     target_mean: Tensor
     projection: Tensor
     disagreement_offset: Tensor
-    target_weight: Tensor
     feature_weight: Tensor
     bias: Tensor
     knots_x: Tensor
@@ -187,8 +185,8 @@ class ConfidenceHead(nn.Module):
             ],
             dim=1,
         )
-        linear = proj[:, 2 * k] + yc @ self.target_weight.float()
-        raw = torch.log(features + _TINY) @ self.feature_weight.float() + linear + self.bias.float()
+        raw = torch.log(features + _TINY) @ self.feature_weight.float() + proj[:, 2 * k]
+        raw = raw + self.bias.float()
         return raw, distance
 
     def _rows(self, xy: Tensor) -> Tensor:
@@ -451,11 +449,9 @@ class _Basis:
         return np.asarray((((X - self.mu) @ self.P) ** 2).sum(axis=1))
 
 
-def _design(
-    feats: np.ndarray, Xc: np.ndarray, Pc: np.ndarray, scale: tuple[np.ndarray, np.ndarray]
-) -> np.ndarray:
+def _design(feats: np.ndarray, Xc: np.ndarray, scale: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     mean, std = scale
-    return np.concatenate([(feats - mean) / std, Xc, Pc], axis=1)
+    return np.concatenate([(feats - mean) / std, Xc], axis=1)
 
 
 def _inputs(stitch: Stitch, X: Any, name: str) -> np.ndarray:
@@ -555,12 +551,12 @@ def fit_confidence(
         proxy /= np.linalg.norm(proxy, axis=1, keepdims=True).clip(1e-12)
     feats = basis.features(Xt[rows], proxy, target_mean)
     scale = (feats.mean(axis=0), feats.std(axis=0) + 1e-9)
-    A1 = _design(feats, Xt[rows] - basis.mu, proxy - target_mean, scale)
+    A1 = _design(feats, Xt[rows] - basis.mu, scale)
     stage1 = _predictor(A1, _cosines(proxy, Yt[rows]))
     # stage 2, on the held-out rows: the stitch's true cosines from stage 1's score and
     # the scalar features (out-of-fold, so that the report is honest)
     fh = basis.features(Xh, Ph, target_mean)
-    first = _design(fh, Xh - basis.mu, Ph - target_mean, scale) @ stage1[0] + stage1[1]
+    first = _design(fh, Xh - basis.mu, scale) @ stage1[0] + stage1[1]
     A = np.concatenate([first[:, None], (fh - scale[0]) / scale[1], Xh - basis.mu], axis=1)
     truth = _cosines(Ph, Yh)
     folds = np.array_split(rng.permutation(len(A)), _FOLDS)
@@ -599,6 +595,29 @@ def fit_confidence(
     return dict(head.report)
 
 
+def attach_confidence(
+    stitch: Stitch,
+    X_train: Any,
+    Y_train: Any,
+    X_held: Any,
+    Y_held: Any,
+    *,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """:func:`fit_confidence` when there are enough rows, else nothing (``lead fit``, jobs).
+
+    Returns
+    -------
+    dict or None
+        The report, or None (and no head) with fewer than :data:`MIN_HELD_OUT_ROWS`
+        held-out rows or too few training rows.
+    """
+    try:
+        return fit_confidence(stitch, X_train, Y_train, X_held, Y_held, seed=seed)
+    except TooFewPairsError:
+        return None
+
+
 def _as_numpy(Y: Any, name: str, rows: int, dim: int) -> np.ndarray:
     from lead._validation import as_matrix
 
@@ -633,8 +652,7 @@ def _head(
     mean, std = scale
     coef, intercept = beta
     w_feat = coef[:N_FEATURES] / std
-    w_x = coef[N_FEATURES : N_FEATURES + d_src]
-    w_y = coef[N_FEATURES + d_src :]
+    w_x = coef[N_FEATURES:]
     bias = intercept - float(w_feat @ mean)
     head = ConfidenceHead(d_src, d_tgt, rank=rank, knots=len(knots_x))
     values = {
@@ -642,7 +660,6 @@ def _head(
         "target_mean": target_mean,
         "projection": np.concatenate([basis.G, basis.P, w_x[:, None]], axis=1),
         "disagreement_offset": basis.g0,
-        "target_weight": w_y,
         "feature_weight": w_feat,
         "bias": [bias],
         "knots_x": knots_x,

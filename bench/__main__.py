@@ -2,7 +2,9 @@
 
 Sections run one after another (no timing overlaps another measurement): translate
 throughput, a py-spy profile of the service, migration cost, fitting cost, then quality,
-learning curve and alignment (two worker processes); finally ``bench/results/SUMMARY.md``.
+learning curve and alignment (two worker processes), fidelity to the information bound
+(learning curve over K, progressive migration, out-of-domain proxy; ``bench/fidelity.py``);
+finally ``bench/results/SUMMARY.md``.
 A ``--quick`` run writes to ``bench/results/quick/`` (git-ignored) instead, so that it never
 overwrites the committed results of a full run.
 """
@@ -29,7 +31,16 @@ from bench.common import (
 from bench.data import REPO, data_dir
 from bench.quality import ordered_pairs
 
-SECTIONS = ("throughput", "profile", "migration", "fitcost", "quality", "report")
+#: The bundled stitches the fidelity section measures (bench/fidelity.py: BUNDLED).
+BUNDLED_STITCHES = (
+    "minilm-to-mpnet",
+    "minilm-to-e5",
+    "minilm-to-pml3",
+    "mpnet-to-minilm",
+    "e5-to-minilm",
+)
+
+SECTIONS = ("throughput", "profile", "migration", "fitcost", "quality", "fidelity", "report")
 
 # budgets: the whole full run must stay under 20 minutes on 2 cores
 FULL: dict[str, Any] = {
@@ -50,6 +61,24 @@ FULL: dict[str, Any] = {
     "curve_sizes": (250, 1000, 2000, 4000),
     "curve_methods": {"ridge": {}, "procrustes": {}},
     "align_models": ("minilm", "mpnet", "e5", "pml3", "glove"),
+    # fidelity to the bound (bench/fidelity.py)
+    "fid_curve_pairs": [("minilm", "mpnet"), ("minilm", "e5"), ("minilm", "pml3")],
+    "fid_curve_sizes": (250, 500, 1000, 2000, 4000),
+    # mlp: the bundled stitches' method and options (models/*/config.json), one seed
+    "fid_curve_methods": {
+        "ridge": {},
+        "procrustes": {},
+        "mlp": {"hidden_dim": 512, "max_epochs": 8, "patience": 2},
+    },
+    "fid_curve_seeds": 3,
+    "fid_curve_seeds_by_method": {"mlp": 1},
+    "fid_progressive_ids": list(BUNDLED_STITCHES),
+    "fid_progressive_extra": {"ridge": {}, "procrustes": {}},
+    "fid_progressive_extra_ids": ["minilm-to-mpnet", "minilm-to-e5"],
+    "fid_fractions": (0.0, 0.05, 0.1, 0.2, 0.5, 1.0),
+    "fid_mix_seeds": 5,
+    "fid_ood_sentences": 2000,
+    "fid_method_options": {},
 }
 QUICK: dict[str, Any] = {
     **FULL,
@@ -68,6 +97,17 @@ QUICK: dict[str, Any] = {
     "curve_pairs": [("minilm", "mpnet")],
     "curve_sizes": (250, 1000),
     "align_models": ("minilm", "mpnet", "pml3"),
+    "fid_curve_pairs": [("minilm", "pml3")],
+    "fid_curve_sizes": (250, 1000),
+    "fid_curve_methods": {"ridge": {}},
+    "fid_curve_seeds": 1,
+    "fid_curve_seeds_by_method": {},
+    "fid_progressive_ids": ["minilm-to-pml3"],
+    "fid_progressive_extra": {"procrustes": {}},
+    "fid_progressive_extra_ids": ["minilm-to-e5"],
+    "fid_mix_seeds": 2,
+    "fid_ood_sentences": 300,
+    "fid_method_options": {"mlp": {"max_epochs": 1}},
 }
 
 
@@ -203,6 +243,28 @@ def main(argv: list[str] | None = None) -> int:
         for name, payload in result.items():
             write_result(name, {**payload, "section": sec.info})
         run["sections"]["quality"] = sec.info
+
+    if "fidelity" in args.sections:
+        from bench import fidelity
+
+        with Section("fidelity: learning curve, progressive migration, out of domain") as sec:
+            result = fidelity.run(
+                curve_pairs=cfg["fid_curve_pairs"],
+                curve_sizes=cfg["fid_curve_sizes"],
+                curve_methods=cfg["fid_curve_methods"],
+                curve_seeds=cfg["fid_curve_seeds"],
+                progressive_ids=cfg["fid_progressive_ids"],
+                progressive_extra=cfg["fid_progressive_extra"],
+                progressive_extra_ids=cfg["fid_progressive_extra_ids"],
+                fractions=cfg["fid_fractions"],
+                mix_seeds=cfg["fid_mix_seeds"],
+                ood_ids=cfg["fid_progressive_ids"],
+                ood_sentences=cfg["fid_ood_sentences"],
+                method_options=cfg["fid_method_options"],
+                curve_seeds_by_method=cfg["fid_curve_seeds_by_method"],
+            )
+        write_result("fidelity", {**result, "section": sec.info})
+        run["sections"]["fidelity"] = sec.info
 
     started = os.environ.get("BENCH_STARTED_AT")  # set by bench/run.sh: setup included
     elapsed = time.time() - float(started) if started else time.perf_counter() - start

@@ -302,6 +302,7 @@ def _build(config: dict[str, Any]) -> Stitch:
             target["dim"],
             normalize_output=bool(config.get("normalize_output", False)),
             info=info,
+            output_scale=bool(config.get("output_scale", False)),
             **{key: config[key] for key in cls.config_keys},
         )
     except (LeadError, TypeError, ValueError) as error:

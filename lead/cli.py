@@ -177,7 +177,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fit_with_progress(X: Any, Y: Any, method: str, info: Any, args: argparse.Namespace) -> Any:
+def _fit_with_progress(
+    X: Any, Y: Any, method: str, info: Any, args: argparse.Namespace, sample_weight: Any = None
+) -> Any:
     """:func:`lead.fit_stitch` with the command's seed, options and a progress bar."""
     from lead.fitting import fit_stitch
 
@@ -191,10 +193,23 @@ def _fit_with_progress(X: Any, Y: Any, method: str, info: Any, args: argparse.Na
             normalize_output=args.normalize_output,
             seed=args.seed,
             progress=progress,
+            sample_weight=sample_weight,
             **parse_option_items(args.option),
         )
     finally:
         close()
+
+
+def _row_weights(weights: list[float] | None, sizes: Sequence[int]) -> np.ndarray | None:
+    """One weight per row from ``--weight`` (one per ``--source``/``--target`` pair)."""
+    if weights is None:
+        return None
+    if len(weights) != len(sizes):
+        raise InvalidInputError(
+            f"{len(weights)} --weight for {len(sizes)} --source/--target pairs; give one per pair",
+            param="weight",
+        )
+    return np.repeat(np.asarray(weights, dtype=np.float64), sizes)
 
 
 def _check_out(args: argparse.Namespace) -> None:
@@ -240,7 +255,10 @@ def _fit(args: argparse.Namespace) -> int:
             },
         },
     )
-    stitch = _fit_with_progress(X[train], Y[train], args.method, info, args)
+    weights = _row_weights(args.weight, [len(x) for x in xs])
+    stitch = _fit_with_progress(
+        X[train], Y[train], args.method, info, args, None if weights is None else weights[train]
+    )
     if args.save_dtype != "float32":  # score exactly the values that will be stored
         stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
@@ -476,7 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--method",
         default="ridge",
-        help="ridge | procrustes | mlp | invertible | anchors | unsupervised",
+        help="ridge | procrustes | mlp | invertible | anchors | unsupervised | local",
+    )
+    fit.add_argument(
+        "--weight",
+        action="append",
+        type=float,
+        metavar="W",
+        help="weight of the rows of each --source/--target pair, in their order (method "
+        "local): e.g. 1 for your documents and queries, 0.05 for general-domain extra pairs",
     )
     fit.add_argument(
         "--option",

@@ -7,6 +7,12 @@ search the translated corpus ("document side": the corpus was embedded by the so
 model, the queries by the target model). Separately, source-model queries translated by a
 stitch fitted on all documents search the native target corpus ("query side"). Queries
 never enter any fit. Both are reported as scores and as ratios to all-native retrieval.
+
+With source queries, both sides are also reported as a ratio to the **information bound**:
+a translated vector only carries what the source model captured, so the natural ceiling
+is min(source-native, target-native) nDCG@10 on the same corpus and queries, where
+source-native is the source model's own queries searching its own corpus (what keeping
+the old model gives).
 """
 
 from __future__ import annotations
@@ -31,14 +37,19 @@ def _ratio(value: float, native: float) -> float:
     return value / native if native > 0 else 0.0
 
 
-def _side(scores: dict[str, Any], native: dict[str, Any], k: int) -> dict[str, float]:
+def _side(
+    scores: dict[str, Any], native: dict[str, Any], k: int, bound: float | None
+) -> dict[str, float]:
     recall, ndcg = f"recall_at_{k}_score", "ndcg_at_10_score"
-    return {
+    out = {
         ndcg: scores[ndcg],
         recall: scores[recall],
         "ndcg_at_10_ratio": _ratio(scores[ndcg], native[ndcg]),
         f"recall_at_{k}_ratio": _ratio(scores[recall], native[recall]),
     }
+    if bound is not None:
+        out["ndcg_at_10_bound_ratio"] = _ratio(scores[ndcg], bound)
+    return out
 
 
 def crossfit_retrieval(
@@ -74,7 +85,8 @@ def crossfit_retrieval(
     qrels : mapping of str to mapping of str to int
         ``{query_id: {doc_id: grade}}``; grade > 0 is relevant.
     source_queries : array or Tensor of shape (m, d_src), optional
-        The same queries embedded by the source model; enables the query side.
+        The same queries embedded by the source model; enables the query side and the
+        bound (source-native retrieval: these queries searching ``X_docs``).
     method : str, default "ridge"
         Any method of :func:`lead.fitting.fit_stitch`.
     options : mapping, optional
@@ -95,11 +107,14 @@ def crossfit_retrieval(
     -------
     dict
         ``method``, ``options``, ``folds``, ``seed``, ``docs`` (n), ``queries`` (evaluated),
-        ``skipped_queries``, ``extra_pairs`` (count), ``k``, ``native_ndcg_at_10_score``,
-        ``native_recall_at_{k}_score``, ``document_side`` and ``query_side`` (``None``
-        without source queries), each ``{"ndcg_at_10_score", "recall_at_{k}_score",
-        "ndcg_at_10_ratio", "recall_at_{k}_ratio"}``. Scores in ``[0, 1]``; ratios are best
-        near (or above) 1, and 0 when the native score is 0.
+        ``skipped_queries``, ``extra_pairs`` (count), ``k``, ``native_ndcg_at_10_score``
+        (target native), ``native_recall_at_{k}_score``, ``source_native_ndcg_at_10_score``
+        and ``bound_ndcg_at_10_score`` (both ``None`` without source queries),
+        ``document_side`` and ``query_side`` (``None`` without source queries), each
+        ``{"ndcg_at_10_score", "recall_at_{k}_score", "ndcg_at_10_ratio",
+        "recall_at_{k}_ratio"}`` plus ``"ndcg_at_10_bound_ratio"`` with source queries.
+        Scores in ``[0, 1]``; ratios are best near (or above) 1, and 0 when the native
+        score (or the bound) is 0.
 
     Raises
     ------
@@ -114,7 +129,9 @@ def crossfit_retrieval(
     :math:`s_{-f}` fitted on the other folds; retention
     :math:`= \mathrm{nDCG@10}(Q^{tgt}, \hat Y) / \mathrm{nDCG@10}(Q^{tgt}, Y)`.
     Query side: :math:`\mathrm{nDCG@10}(s(Q^{src}), Y) / \mathrm{nDCG@10}(Q^{tgt}, Y)` with
-    :math:`s` fitted on all documents.
+    :math:`s` fitted on all documents. Bound:
+    :math:`B = \min(\mathrm{nDCG@10}(Q^{src}, X), \mathrm{nDCG@10}(Q^{tgt}, Y))`; each side's
+    ``ndcg_at_10_bound_ratio`` is its nDCG@10 divided by :math:`B`.
 
     References
     ----------
@@ -133,6 +150,8 @@ def crossfit_retrieval(
     ...                          qrels={i: {i: 1} for i in ids[:5]}, options={"alpha": 0.0})
     >>> out["docs"], out["queries"], out["document_side"]["ndcg_at_10_ratio"]
     (40, 5, 1.0)
+    >>> out["bound_ndcg_at_10_score"] is None  # no source queries, no bound
+    True
     """
     X, Y = check_pairs(X_docs, Y_docs)
     n = X.shape[0]
@@ -180,10 +199,13 @@ def crossfit_retrieval(
         translated[index] = apply_stitch(stitch, X[index]).to(Y.device)
         if progress is not None:
             progress("crossfit", f + 1, fits)
-    query_side = None
+    query_side = source_native = bound = None
     if source_queries is not None:
+        source_native = search(as_matrix(source_queries, name="source_queries"), X)
+        bound = min(source_native["ndcg_at_10_score"], native["ndcg_at_10_score"])
         stitch = fit(np.arange(n))
-        query_side = _side(search(apply_stitch(stitch, source_queries).to(Y.device), Y), native, k)
+        side = search(apply_stitch(stitch, source_queries).to(Y.device), Y)
+        query_side = _side(side, native, k, bound)
         if progress is not None:
             progress("crossfit", fits, fits)
     recall = f"recall_at_{k}_score"
@@ -199,6 +221,10 @@ def crossfit_retrieval(
         "k": k,
         "native_ndcg_at_10_score": native["ndcg_at_10_score"],
         f"native_{recall}": native[recall],
-        "document_side": _side(search(Q, translated), native, k),
+        "source_native_ndcg_at_10_score": (
+            None if source_native is None else source_native["ndcg_at_10_score"]
+        ),
+        "bound_ndcg_at_10_score": bound,
+        "document_side": _side(search(Q, translated), native, k, bound),
         "query_side": query_side,
     }

@@ -25,6 +25,7 @@ from lead._validation import (
 )
 from lead._version import __version__
 from lead.anchors import check_anchor_options, fit_anchors
+from lead.calibration import fit_output_scale
 from lead.closed_form import (
     DEFAULT_RIDGE_ALPHAS,
     ProgressCallback,
@@ -35,6 +36,7 @@ from lead.closed_form import (
 )
 from lead.errors import FitError, InvalidInputError, LeadError, NonFiniteError
 from lead.invertible import InvertibleConfig, train_invertible
+from lead.local import check_local_options, check_sample_weight, fit_local
 from lead.stitches import Stitch, StitchInfo
 from lead.training import MLPConfig, train_mlp
 from lead.unsupervised import check_unsupervised_options, fit_unsupervised
@@ -59,6 +61,7 @@ METHODS: dict[str, str] = {
     "invertible": "invertible",
     "anchors": "anchors",
     "unsupervised": "unsupervised",
+    "local": "local",
 }
 
 
@@ -84,7 +87,8 @@ def _check_scaling(scaling: Any) -> bool:
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
     """The keyword-only options of a fitting function, except ``seed``."""
     parameters = inspect.signature(function).parameters.values()
-    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - {"seed", "progress"}
+    skip = {"seed", "progress", "sample_weight"}
+    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - skip
 
 
 def check_method_options(method: Any, options: dict[str, Any]) -> str:
@@ -117,6 +121,7 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
     functions: dict[str, Callable[..., Stitch]] = {
         "anchors": fit_anchors,
         "unsupervised": fit_unsupervised,
+        "local": fit_local,
     }
     allowed = {
         "ridge": {"alpha", "alphas"},
@@ -142,6 +147,8 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
         configs[canonical](**options)  # the configs validate every value
     elif canonical == "anchors":
         check_anchor_options(**options)
+    elif canonical == "local":
+        check_local_options(**options)
     else:
         check_unsupervised_options(**options)
     return canonical
@@ -156,6 +163,8 @@ def fit_stitch(
     normalize_output: bool | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    sample_weight: Any = None,
+    calibrate_variance: bool = False,
     **options: Any,
 ) -> Stitch:
     """Fit a stitch from paired vectors with the named method.
@@ -169,6 +178,8 @@ def fit_stitch(
     method : str, default "ridge"
         ``ridge`` (alias ``affine``), ``procrustes`` (alias ``orthogonal``), ``mlp``,
         ``invertible`` (an :class:`~lead.stitches.InvertibleStitch`, with ``.inverse(y)``),
+        ``local`` (a weighted global map plus the nearest training pairs' residuals:
+        :func:`lead.local.fit_local`),
         ``anchors`` (zero-shot from a few anchor pairs, :func:`lead.anchors.fit_anchors`)
         or ``unsupervised`` (no pairs: :func:`lead.unsupervised.fit_unsupervised`; the
         rows of ``Y`` are shuffled by ``seed`` first, so their order carries no
@@ -192,6 +203,14 @@ def fit_stitch(
         invertible also reports ``("init", layer, layers)``), and ``("match", 0, 1)`` /
         ``("refine", round, rounds)`` inside the unsupervised fit. An exception it raises
         (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
+    sample_weight : array_like of shape (n,), optional
+        Non-negative weight of each pair (method ``local`` only): e.g. 1 for in-domain pairs
+        and 0.05 for general-domain extra pairs; rescaled to mean 1.
+    calibrate_variance : bool, default False
+        After any method, fit the stitch's output scale on the training pairs
+        (:func:`lead.calibration.fit_output_scale`) so that translated residuals have
+        the native spread; recorded as ``fit["output_scale"]``. Off, the stitch is
+        exactly what the method made. Not for ``unsupervised`` (no pairs).
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
         :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
@@ -217,7 +236,21 @@ def fit_stitch(
         produces them on ``X``.
     """
     canonical = check_method_options(method, options)  # names and values, before any work
+    if not isinstance(calibrate_variance, bool):
+        raise InvalidInputError(
+            "calibrate_variance must be true or false", param="calibrate_variance"
+        )
+    if calibrate_variance and canonical == "unsupervised":
+        raise InvalidInputError(
+            "calibrate_variance needs paired vectors; the unsupervised method has none",
+            param="calibrate_variance",
+        )
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
+    if sample_weight is not None and canonical != "local":
+        raise InvalidInputError(
+            f"sample weights are taken by method 'local' only, not {canonical!r}",
+            param="sample_weight",
+        )
     info = dataclasses.replace(info) if info is not None else StitchInfo()
     if canonical == "unsupervised":
         X, Y = as_matrix(X, name="X"), as_matrix(Y, name="Y")
@@ -234,6 +267,8 @@ def fit_stitch(
     info.target_normalized = info.target_normalized and _unit_rows(Y)
     if normalize_output is None:
         normalize_output = info.target_normalized
+    if canonical == "local":
+        check_sample_weight(sample_weight, X.shape[0])  # before any work
     closed_form = canonical not in ("mlp", "invertible")  # these report their own epochs
     if progress is not None and closed_form:
         progress("fit", 0, 1)
@@ -247,6 +282,8 @@ def fit_stitch(
             stitch = fit_unsupervised(X, Y, seed=seed, progress=progress, **options)
         elif canonical == "anchors":
             stitch = fit_anchors(X, Y, seed=seed, **options)
+        elif canonical == "local":
+            stitch = fit_local(X, Y, sample_weight=sample_weight, seed=seed, **options)
         elif canonical == "mlp":
             config = MLPConfig(**options, seed=seed)
             stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
@@ -268,6 +305,8 @@ def fit_stitch(
         if isinstance(error, LeadError):  # FitError, JobCancelledError, ...
             raise
         raise FitError(f"the {canonical} fit failed: {error}") from None
+    if calibrate_variance:
+        stitch.info.fit["output_scale"] = fit_output_scale(stitch, X, Y)
     if progress is not None and closed_form:
         progress("fit", 1, 1)
     info.fit = {

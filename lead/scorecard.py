@@ -103,7 +103,11 @@ class Scorecard:
         "ndcg_at_10_ratio"}``: native target queries searching the translated held-out
         documents, the same queries searching the native documents, and their ratio
         (0 when the native score is 0). With source queries, also ``query_side_*`` scores
-        and ratios (translated source queries searching the native documents).
+        and ratios (translated source queries searching the native documents), the
+        source-native figure ``source_native_ndcg_at_10_score`` (source queries searching
+        the held-out source documents), the information bound ``bound_ndcg_at_10_score``
+        = min(source native, target native), and ``ndcg_at_10_bound_ratio`` /
+        ``query_side_ndcg_at_10_bound_ratio`` (each side's nDCG@10 over the bound).
     baselines : dict
         ``{"mean_estimator": {core metrics}, "identity": {core metrics} or None}``.
     round_trip : dict or None
@@ -208,7 +212,7 @@ def _ratio(value: float, native: float) -> float:
 
 
 def _retrieval(
-    stitch: Stitch, translated: Tensor, Y_test: Tensor, data: RetrievalData
+    stitch: Stitch, translated: Tensor, X_test: Tensor, Y_test: Tensor, data: RetrievalData
 ) -> dict[str, Any]:
     if len(data.corpus_ids) != Y_test.shape[0]:
         raise ShapeMismatchError(
@@ -247,6 +251,12 @@ def _retrieval(
         out[f"query_side_{ndcg}"] = side[ndcg]
         out[f"query_side_recall_at_{RETRIEVAL_K}_ratio"] = _ratio(side[recall], native[recall])
         out["query_side_ndcg_at_10_ratio"] = _ratio(side[ndcg], native[ndcg])
+        source_native = search(data.source_queries, X_test)[ndcg]
+        bound = min(source_native, native[ndcg])
+        out[f"source_native_{ndcg}"] = source_native
+        out[f"bound_{ndcg}"] = bound
+        out["ndcg_at_10_bound_ratio"] = _ratio(stitched[ndcg], bound)
+        out["query_side_ndcg_at_10_bound_ratio"] = _ratio(side[ndcg], bound)
     return out
 
 
@@ -418,7 +428,7 @@ def score_stitch(
     return Scorecard(
         pairs=n,
         pool_size=n,
-        retrieval=None if retrieval is None else _retrieval(stitch, translated, Y, retrieval),
+        retrieval=None if retrieval is None else _retrieval(stitch, translated, X, Y, retrieval),
         baselines=baselines,
         round_trip=round_trip,
         **scores,

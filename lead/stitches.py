@@ -10,6 +10,7 @@ Matrices follow ``torch.nn.Linear``: ``weight`` has shape ``(d_tgt, d_src)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -17,7 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lead.errors import NotInvertibleError, ShapeMismatchError, UnknownArchitectureError
+from lead.errors import (
+    InvalidInputError,
+    NotInvertibleError,
+    ShapeMismatchError,
+    UnknownArchitectureError,
+)
 
 if TYPE_CHECKING:
     from lead.confidence import ConfidenceHead
@@ -26,6 +32,7 @@ __all__ = [
     "STITCH_REGISTRY",
     "AffineStitch",
     "InvertibleStitch",
+    "LocalStitch",
     "MLPStitch",
     "OrthogonalStitch",
     "Stitch",
@@ -67,7 +74,7 @@ class StitchInfo:
 
 
 class Stitch(nn.Module):
-    """Base class: centre, map, add the target mean, optionally L2-normalise.
+    r"""Base class: centre, map, add the target mean, optionally L2-normalise.
 
     Parameters
     ----------
@@ -77,6 +84,12 @@ class Stitch(nn.Module):
         L2-normalise every output row (for targets whose vectors are unit length).
     info : StitchInfo, optional
         Models and provenance; saved with the stitch.
+    output_scale : bool, default False
+        Hold a fitted scalar ``output_scale`` (tensor of shape (1,), starts at 1) that
+        multiplies the mapped residual before the target mean is added:
+        :math:`y = s\,g(x - \mu_x) + \mu_y` (:func:`lead.calibration.fit_output_scale`).
+        Off, the stitch has no such tensor and computes exactly what it did without it;
+        on, ``config.json`` says ``"output_scale": true``.
     """
 
     architecture: ClassVar[str] = ""
@@ -90,6 +103,7 @@ class Stitch(nn.Module):
         *,
         normalize_output: bool = False,
         info: StitchInfo | None = None,
+        output_scale: bool = False,
     ) -> None:
         super().__init__()
         if d_src < 1 or d_tgt < 1:
@@ -104,6 +118,11 @@ class Stitch(nn.Module):
         self.info = info if info is not None else StitchInfo()
         self.source_mean = nn.Parameter(torch.zeros(d_src), requires_grad=False)
         self.target_mean = nn.Parameter(torch.zeros(d_tgt), requires_grad=False)
+        self.output_scale: nn.Parameter | None
+        self.register_parameter(
+            "output_scale",
+            nn.Parameter(torch.ones(1), requires_grad=False) if output_scale else None,
+        )
 
     #: The submodule name of :attr:`confidence_head` (its tensors are ``confidence.*``).
     CONFIDENCE: ClassVar[str] = "confidence"
@@ -133,8 +152,28 @@ class Stitch(nn.Module):
         super().__setattr__(name, value)
 
     def get_config(self) -> dict[str, Any]:
-        """Architecture parameters, the keys of :attr:`config_keys`."""
-        return {key: getattr(self, key) for key in self.config_keys}
+        """Architecture parameters, the keys of :attr:`config_keys` (and ``output_scale:
+        true`` when the stitch holds a fitted output scale)."""
+        config = {key: getattr(self, key) for key in self.config_keys}
+        if self.output_scale is not None:
+            config["output_scale"] = True
+        return config
+
+    def set_output_scale(self, scale: float) -> None:
+        r"""Hold (or replace) the output scale ``s`` of :math:`y = s\,g(x - \mu_x) + \mu_y`.
+
+        Raises
+        ------
+        InvalidInputError
+            If ``scale`` is not a finite positive number.
+        """
+        value = float(scale)
+        if not math.isfinite(value) or value <= 0:
+            raise InvalidInputError(
+                f"output scale must be finite and positive, got {scale}", param="output_scale"
+            )
+        tensor = torch.full((1,), value, dtype=self.target_mean.dtype)
+        self.output_scale = nn.Parameter(tensor.to(self.target_mean.device), requires_grad=False)
 
     def _map(self, x_centred: Tensor) -> Tensor:
         raise NotImplementedError
@@ -168,7 +207,10 @@ class Stitch(nn.Module):
                 expected=self.d_src,
                 got=tuple(x.shape),
             )
-        y = self._map(x - self.source_mean) + self.target_mean
+        residual = self._map(x - self.source_mean)
+        if self.output_scale is not None:
+            residual = residual * self.output_scale
+        y = residual + self.target_mean
         return unit_rows(y) if self.normalize_output else y
 
 
@@ -261,6 +303,82 @@ class MLPStitch(Stitch):
     def _map(self, x_centred: Tensor) -> Tensor:
         residual: Tensor = self.mlp(x_centred)
         return x_centred @ self.weight.T + residual
+
+
+class LocalStitch(Stitch):
+    r"""A global linear map corrected by the residuals of the nearest training pairs.
+
+    :math:`y = W x_c + \mu_y + \lambda \sum_{j \in N_k(x)} w_j r_j`, where
+    :math:`N_k(x)` are the ``k`` memory rows whose source vectors (``keys``, unit rows) have
+    the highest cosine :math:`s_j` to :math:`x`, :math:`r_j` their fitted residuals
+    (``values``: target vector minus the global map's prediction) and
+    :math:`w_j = e^{(s_j - 1)/T} / (\sum_{i \in N_k} e^{(s_i - 1)/T} + e^{(\sigma - 1)/T})`:
+    a softmax with temperature ``T`` and a *sink* at cosine :math:`\sigma`, so an input
+    far from every memory row (all :math:`s_j \ll \sigma`) keeps the global map's answer.
+    Fitted by :func:`lead.local.fit_local`.
+
+    Tensors: ``weight`` ``(d_tgt, d_src)``, ``keys`` ``(memory, d_src)``, ``values``
+    ``(memory, d_tgt)``, ``source_mean``, ``target_mean``. The memory holds training
+    vectors: a stitch saved with it carries (vectors of) its training data.
+
+    References
+    ----------
+    .. [1] U. Khandelwal et al., "Generalization through Memorization: Nearest Neighbor
+       Language Models", ICLR 2020, arXiv:1911.00172 (residual retrieval from a memory).
+    """
+
+    architecture = "local"
+    config_keys = ("memory", "k", "temperature", "strength", "sink")
+    #: Rows scored against the memory at once (bounds the (rows, memory) score matrix).
+    CHUNK = 1024
+
+    def __init__(
+        self,
+        d_src: int,
+        d_tgt: int,
+        *,
+        memory: int = 1,
+        k: int = 10,
+        temperature: float = 0.05,
+        strength: float = 0.5,
+        sink: float = 0.6,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(d_src, d_tgt, **kwargs)
+        if memory < 1 or not 1 <= k <= memory or not temperature > 0:
+            raise ShapeMismatchError(
+                f"need memory >= 1, 1 <= k <= memory and temperature > 0, got memory={memory}, "
+                f"k={k}, temperature={temperature}",
+                expected="memory >= k >= 1",
+                got=(memory, k),
+            )
+        self.memory, self.k = int(memory), int(k)
+        self.temperature = float(temperature)
+        self.strength, self.sink = float(strength), float(sink)
+        self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
+        self.keys = nn.Parameter(torch.zeros(memory, d_src))
+        self.values = nn.Parameter(torch.zeros(memory, d_tgt))
+
+    def _map(self, x_centred: Tensor) -> Tensor:
+        base = x_centred @ self.weight.T
+        if self.strength == 0:
+            return base
+        parts = [
+            self._correction(x_centred[i : i + self.CHUNK])
+            for i in range(0, x_centred.shape[0], self.CHUNK)
+        ]
+        correction = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return base + self.strength * correction.to(base.dtype)
+
+    def _correction(self, x_centred: Tensor) -> Tensor:
+        x = unit_rows(x_centred.float() + self.source_mean.float())
+        scores = x @ self.keys.float().T
+        top, index = scores.topk(self.k, dim=1)
+        inverse_t = 1.0 / self.temperature
+        weights = torch.exp((top - 1.0) * inverse_t)
+        total = weights.sum(dim=1, keepdim=True) + math.exp((self.sink - 1.0) * inverse_t)
+        neighbours = self.values.float()[index]  # (n, k, d_tgt)
+        return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1)
 
 
 class _Coupling(nn.Module):
@@ -511,6 +629,8 @@ class InvertibleStitch(Stitch):
     def inverse_raw(self, y: Tensor) -> Tensor:
         """:meth:`inverse` without the normalisation, in at least float32 (for training)."""
         z = self._pad(y - self.target_mean)
+        if self.output_scale is not None:
+            z = z / self.output_scale
         for coupling in reversed(self.couplings):
             assert isinstance(coupling, _Coupling)
             z = coupling.inverse(z)
@@ -558,7 +678,8 @@ def oriented(
 
 #: Architecture name → stitch class. The only way a config names a class.
 STITCH_REGISTRY: dict[str, type[Stitch]] = {
-    cls.architecture: cls for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch)
+    cls.architecture: cls
+    for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch, LocalStitch)
 }
 
 

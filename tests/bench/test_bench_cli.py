@@ -97,3 +97,25 @@ def test_a_quick_run_writes_outside_the_committed_results(tmp_path: Path) -> Non
         assert results_dir() == tmp_path / "quick"
     finally:
         use_results_dir(RESULTS)
+
+
+def test_fidelity_is_a_section_and_quick_is_smaller() -> None:
+    assert "fidelity" in SECTIONS and SECTIONS.index("fidelity") < SECTIONS.index("report")
+    assert FULL["fid_curve_sizes"] == (250, 500, 1000, 2000, 4000)
+    assert max(QUICK["fid_curve_sizes"]) < max(FULL["fid_curve_sizes"])
+    assert set(FULL["fid_progressive_ids"]) == {
+        "minilm-to-mpnet", "minilm-to-e5", "minilm-to-pml3", "mpnet-to-minilm", "e5-to-minilm",
+    }  # fmt: skip
+    assert FULL["fid_fractions"] == (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def test_fidelity_methods_come_from_the_bundled_configs() -> None:
+    from bench.fidelity import BUNDLED, bundled_method
+
+    for stitch_id in BUNDLED:
+        method, options = bundled_method(stitch_id)
+        assert method in {"ridge", "procrustes", "mlp", "invertible"}, (stitch_id, method)
+        assert isinstance(options, dict)
+        # the learning curve's row for the bundled method fits it as the bundle did
+        if method in FULL["fid_curve_methods"]:
+            assert FULL["fid_curve_methods"][method] == options, stitch_id

@@ -442,3 +442,21 @@ def test_translate_refuses_confidence_without_a_head(
     wrong = [*args[:-1], str(tmp_path / "c.csv")]
     assert main(wrong) == 2
     assert "must be a .npy file" in capsys.readouterr().err
+
+
+def test_fit_local_weighs_each_pair_of_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    queries = ["--source", f"{DATA}:minilm_queries", "--target", f"{DATA}:mpnet_queries"]
+    common = [*queries, "--holdout-from", "1", "--method", "local", "--option", "k=5"]
+    assert main(_fit_args(tmp_path / "w", *common, "--weight", "1", "--weight", "0")) == 0
+    stitch = load_stitch(tmp_path / "w")
+    assert stitch.architecture == "local"
+    assert stitch.memory == 320  # the training documents; the zero-weight queries stay out
+    assert main(_fit_args(tmp_path / "all", *common)) == 0
+    assert load_stitch(tmp_path / "all").memory == 420
+    capsys.readouterr()
+    assert main(_fit_args(tmp_path / "bad", *common, "--weight", "1")) == 2
+    assert "1 --weight for 2 --source/--target pairs" in capsys.readouterr().err
+    assert main(_fit_args(tmp_path / "ridge", "--weight", "1")) == 2
+    assert "method 'local' only" in capsys.readouterr().err

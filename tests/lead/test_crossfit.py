@@ -18,6 +18,7 @@ from lead.fitting import fit_stitch
 from lead.retrieval import retrieval_scores
 
 SIDE_KEYS = {"ndcg_at_10_score", "recall_at_10_score", "ndcg_at_10_ratio", "recall_at_10_ratio"}
+BOUND_SIDE_KEYS = SIDE_KEYS | {"ndcg_at_10_bound_ratio"}
 
 
 def _inputs(data: Any, src: str = "minilm", tgt: str = "pml3") -> dict[str, Any]:
@@ -48,11 +49,12 @@ def test_layout_and_figures(scifact_small: Any) -> None:
     assert set(out) == {
         "method", "options", "folds", "seed", "docs", "queries", "skipped_queries",
         "extra_pairs", "k", "native_ndcg_at_10_score", "native_recall_at_10_score",
+        "source_native_ndcg_at_10_score", "bound_ndcg_at_10_score",
         "document_side", "query_side",
     }  # fmt: skip
     assert (out["folds"], out["docs"], out["queries"], out["extra_pairs"]) == (5, 400, 100, 0)
     assert out["method"] == "ridge" and out["seed"] == 1 and out["skipped_queries"] == 0
-    assert set(out["document_side"]) == set(out["query_side"]) == SIDE_KEYS
+    assert set(out["document_side"]) == set(out["query_side"]) == BOUND_SIDE_KEYS
     native = retrieval_scores(
         scifact_small.queries["pml3"],
         scifact_small.corpus["pml3"],
@@ -61,12 +63,26 @@ def test_layout_and_figures(scifact_small: Any) -> None:
         qrels=scifact_small.qrels,
     )
     assert out["native_ndcg_at_10_score"] == native["ndcg_at_10_score"]
+    source_native = retrieval_scores(
+        scifact_small.queries["minilm"],
+        scifact_small.corpus["minilm"],
+        query_ids=scifact_small.query_ids,
+        corpus_ids=scifact_small.corpus_ids,
+        qrels=scifact_small.qrels,
+    )["ndcg_at_10_score"]
+    assert out["source_native_ndcg_at_10_score"] == source_native
+    # pml3 searches worse than all-MiniLM-L6-v2: the bound is the target's own figure here.
+    assert source_native > native["ndcg_at_10_score"]
+    assert out["bound_ndcg_at_10_score"] == native["ndcg_at_10_score"]
     for side in ("document_side", "query_side"):
         figures = out[side]
         # A ridge stitch between two MiniLMs keeps most of the search quality.
         assert 0.7 < figures["ndcg_at_10_ratio"] < 1.2, figures
         assert figures["ndcg_at_10_ratio"] == pytest.approx(
             figures["ndcg_at_10_score"] / out["native_ndcg_at_10_score"]
+        )
+        assert figures["ndcg_at_10_bound_ratio"] == pytest.approx(
+            figures["ndcg_at_10_score"] / out["bound_ndcg_at_10_score"]
         )
     json.dumps(out)
     assert steps == [("crossfit", i, 6) for i in range(1, 7)]
@@ -104,6 +120,19 @@ def test_query_side_is_none_without_source_queries(scifact_small: Any) -> None:
     out = crossfit_retrieval(**inputs, folds=2, options={"alpha": 0.01})
     assert out["query_side"] is None and out["folds"] == 2
     assert out["document_side"]["ndcg_at_10_ratio"] > 0.5
+    assert out["source_native_ndcg_at_10_score"] is None and out["bound_ndcg_at_10_score"] is None
+    assert set(out["document_side"]) == SIDE_KEYS
+
+
+def test_bound_is_the_source_model_when_it_searches_worse(scifact_small: Any) -> None:
+    """pml3 -> all-MiniLM-L6-v2: the source (pml3) is the weaker model, so the bound is
+    its own retrieval and the bound ratio exceeds the ratio to target native."""
+    out = crossfit_retrieval(**_inputs(scifact_small, "pml3", "minilm"), options={"alpha": 0.01})
+    source, target = out["source_native_ndcg_at_10_score"], out["native_ndcg_at_10_score"]
+    assert source < target and out["bound_ndcg_at_10_score"] == source
+    doc = out["document_side"]
+    assert doc["ndcg_at_10_bound_ratio"] == pytest.approx(doc["ndcg_at_10_score"] / source)
+    assert doc["ndcg_at_10_bound_ratio"] > doc["ndcg_at_10_ratio"]
 
 
 def test_errors(scifact_small: Any) -> None:
@@ -142,10 +171,14 @@ def test_minilm_to_pml3_on_full_scifact(shared_data: Path) -> None:
         tgt["corpus"],
         doc_ids=ids["corpus"],
         target_queries=tgt["queries"][rows],
+        source_queries=src["queries"][rows],
         query_ids=test_queries,
         qrels=qrels,
     )
     assert (out["docs"], out["queries"]) == (5183, 300)
     assert out["native_ndcg_at_10_score"] == pytest.approx(0.5129, abs=1e-4)
+    # the published all-MiniLM-L6-v2 figure; pml3 is the weaker model, so it is the bound
+    assert out["source_native_ndcg_at_10_score"] == pytest.approx(0.645, abs=1e-3)
+    assert out["bound_ndcg_at_10_score"] == out["native_ndcg_at_10_score"]
     # Measured 0.947 (seed 0); a ridge stitch keeps most of pml3's own search quality.
     assert 0.9 < out["document_side"]["ndcg_at_10_ratio"] < 1.0

@@ -21,6 +21,7 @@ from lead.errors import (
     TooFewPairsError,
 )
 from lead.fitting import fit_ridge
+from lead.retrieval import retrieval_scores
 from lead.scorecard import CORE_METRICS, RetrievalData, Scorecard, score_stitch
 from lead.splits import holdout_split
 from lead.stitches import AffineStitch, StitchInfo
@@ -54,6 +55,10 @@ QUERY_SIDE = {
     "query_side_ndcg_at_10_score",
     "query_side_recall_at_10_ratio",
     "query_side_ndcg_at_10_ratio",
+    "source_native_ndcg_at_10_score",
+    "bound_ndcg_at_10_score",
+    "ndcg_at_10_bound_ratio",
+    "query_side_ndcg_at_10_bound_ratio",
 }
 
 
@@ -160,6 +165,20 @@ def test_real_stitch_beats_the_mean_estimator(scifact_small: Any) -> None:
     assert r["ndcg_at_10_ratio"] == pytest.approx(
         r["ndcg_at_10_score"] / r["native_ndcg_at_10_score"]
     )
+    # the bound: all-MiniLM-L6-v2's own queries over its own held-out documents
+    source_native = retrieval_scores(
+        retrieval.source_queries,
+        X_test,
+        query_ids=retrieval.query_ids,
+        corpus_ids=retrieval.corpus_ids,
+        qrels=retrieval.qrels,
+    )["ndcg_at_10_score"]
+    assert r["source_native_ndcg_at_10_score"] == source_native
+    assert r["bound_ndcg_at_10_score"] == min(source_native, r["native_ndcg_at_10_score"])
+    for prefix in ("", "query_side_"):
+        assert r[f"{prefix}ndcg_at_10_bound_ratio"] == pytest.approx(
+            r[f"{prefix}ndcg_at_10_score"] / r["bound_ndcg_at_10_score"]
+        )
 
 
 def test_retrieval_layout_without_source_queries(scifact_small: Any) -> None:

@@ -20,11 +20,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from lead._confidence_head import check_head, head_from_config
 from lead._durable import fsync_path
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
 from lead._version import __version__
-from lead.confidence import check_head, head_from_config
 from lead.errors import (
     ConflictError,
     InvalidInputError,

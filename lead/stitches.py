@@ -26,7 +26,7 @@ from lead.errors import (
 )
 
 if TYPE_CHECKING:
-    from lead.confidence import ConfidenceHead
+    from lead._confidence_head import ConfidenceHead
 
 __all__ = [
     "STITCH_REGISTRY",

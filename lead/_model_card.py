@@ -99,11 +99,42 @@ def _scorecard_table(scorecard: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def _confidence_section(config: dict[str, Any]) -> str:
+    block = config.get("confidence")
+    report = block.get("report") if isinstance(block, dict) else None
+    if not isinstance(block, dict) or not isinstance(report, dict):
+        return (
+            "This stitch has no confidence head (it was fitted without held-out rows, or "
+            "with `--no-confidence`)."
+        )
+    spearman = _number(report.get("spearman_in_domain"))
+    shown = f"{spearman:.4f}" if spearman is not None else "?"
+    threshold = _number(report.get("ood_threshold"))
+    return (
+        "Every translated vector can carry a confidence in [0, 1], a calibrated estimate of "
+        "its cosine with the target model's own vector (`lead translate "
+        "--confidence-output`, `lead.confidence.translate_with_confidence`), and a flag for "
+        f"inputs far outside the training data (distance over {threshold or 0:.4g}).\n\n"
+        f"- method: `{block.get('method')}` version {block.get('version')}\n"
+        f"- Spearman(confidence, true cosine) on {report.get('held_out_rows', '?')} held-out "
+        f"rows, out of fold: **{shown}**\n"
+        f"- held-out rows flagged out of distribution: "
+        f"{report.get('held_out_ood_fraction', '?')}"
+    )
+
+
+def _confidence_metric(config: dict[str, Any]) -> list[tuple[str, float]]:
+    block = config.get("confidence")
+    report = block.get("report") if isinstance(block, dict) else None
+    value = _number(report.get("spearman_in_domain")) if isinstance(report, dict) else None
+    return [] if value is None else [("confidence_spearman_score", value)]
+
+
 def model_card(config: dict[str, Any], name: str) -> str:
     """Render the model card of a stitch from its ``config.json`` dict."""
     source, target = config["source"], config["target"]
     fit = config.get("fit") or {}
-    metrics = _metrics(config.get("scorecard"))
+    metrics = _metrics(config.get("scorecard")) + _confidence_metric(config)
     options = json.dumps(fit.get("options", {}), sort_keys=True)
     data = fit.get("data")
     data_line = f"- data: `{json.dumps(data)}`\n" if data else ""
@@ -147,4 +178,8 @@ Or from the command line: `lead translate {name} --input source.npy --output tra
 ## Held-out scorecard
 
 {_scorecard_table(config.get("scorecard"))}
+
+## Per-vector confidence
+
+{_confidence_section(config)}
 """

@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from lead._confidence_head import check_head, head_from_config
 from lead._durable import fsync_path
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
@@ -49,6 +50,8 @@ FORMAT_VERSION = 1
 WEIGHT_ORIENTATION = "(d_tgt, d_src)"
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
 ARTIFACT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
+#: Tensors of the stitch's confidence head are named ``confidence.*`` (always float32).
+CONFIDENCE_PREFIX = "confidence."
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -89,10 +92,20 @@ def _stitch_config(stitch: Stitch, tensors: dict[str, torch.Tensor], dtype: str)
         "normalize_output": stitch.normalize_output,
         "fit": info.fit,
         "scorecard": info.scorecard,
+        **(
+            {"confidence": stitch.confidence_head.get_config()}
+            if stitch.confidence_head is not None
+            else {}
+        ),
         "lead_version": __version__,
         "dtype": dtype,
         "tensors": {name: list(t.shape) for name, t in tensors.items()},
     }
+
+
+def _storage_dtype(name: str, dtype: str) -> torch.dtype:
+    """The confidence head's tensors stay float32 (its knots must increase strictly)."""
+    return torch.float32 if name.startswith(CONFIDENCE_PREFIX) else STORAGE_DTYPES[dtype]
 
 
 def _is_occupied(folder: Path) -> bool:
@@ -175,7 +188,7 @@ def save_stitch(
         )
     folder.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
-        name: t.detach().to(device="cpu", dtype=STORAGE_DTYPES[dtype]).contiguous().clone()
+        name: t.detach().to(device="cpu", dtype=_storage_dtype(name, dtype)).contiguous().clone()
         for name, t in stitch.state_dict().items()
     }
     config = _stitch_config(stitch, tensors, dtype)
@@ -284,7 +297,7 @@ def _build(config: dict[str, Any]) -> Stitch:
         scorecard=config.get("scorecard"),
     )
     try:
-        return cls(
+        stitch = cls(
             source["dim"],
             target["dim"],
             normalize_output=bool(config.get("normalize_output", False)),
@@ -294,6 +307,9 @@ def _build(config: dict[str, Any]) -> Stitch:
         )
     except (LeadError, TypeError, ValueError) as error:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
+    if config.get("confidence") is not None:
+        stitch.confidence_head = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
+    return stitch
 
 
 def _check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]]) -> None:
@@ -332,6 +348,8 @@ def _load_folder(folder: Path) -> Stitch:
         if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
             raise StitchFormatError(f"tensor {name!r} must be finite floating point numbers")
     stitch.load_state_dict({k: t.float() for k, t in tensors.items()}, strict=True)
+    if stitch.confidence_head is not None:
+        check_head(stitch.confidence_head)
     return stitch
 
 

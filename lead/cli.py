@@ -264,10 +264,31 @@ def _fit(args: argparse.Namespace) -> int:
         stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
+    if len(test) and args.confidence:
+        _attach_confidence(stitch, X[train], Y[train], X[test], Y[test], args.seed)
     save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
     _warn_below_baseline(stitch.info.scorecard)
     return 0
+
+
+def _attach_confidence(
+    stitch: Any, X: np.ndarray, Y: np.ndarray, X_held: np.ndarray, Y_held: np.ndarray, seed: int
+) -> None:
+    """Fit the per-vector confidence head on the held-out rows and say how well it ranks."""
+    from lead.confidence import MIN_HELD_OUT_ROWS, attach_confidence
+
+    report = attach_confidence(stitch, X, Y, X_held, Y_held, seed=seed)
+    if report is None:
+        sys.stderr.write(
+            f"note: no confidence head: it needs at least {MIN_HELD_OUT_ROWS} held-out rows "
+            f"(got {len(X_held)}); raise --holdout to get one\n"
+        )
+        return
+    sys.stderr.write(
+        f"confidence: Spearman(confidence, true cosine) {report['spearman_in_domain']:.3f} "
+        f"on {report['held_out_rows']} held-out rows (out of fold)\n"
+    )
 
 
 def _warn_below_baseline(scorecard: dict[str, Any] | None) -> None:
@@ -343,19 +364,28 @@ def _score_command(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from lead._durable import atomic_write
     from lead.data import EmbeddingReader, EmbeddingWriter
     from lead.migrate.translator import LocalTranslator
     from lead.unit_input import expects_unit_input
 
-    if Path(args.output).exists() and not args.force:
-        raise ConflictError(
-            f"--output {args.output} exists already; pass --force to replace it, or choose "
-            "another file",
-            param="output",
+    for flag, path in (("output", args.output), ("confidence-output", args.confidence_output)):
+        if path is not None and Path(path).exists() and not args.force:
+            raise ConflictError(
+                f"--{flag} {path} exists already; pass --force to replace it, or choose "
+                "another file",
+                param=flag.replace("-", "_"),
+            )
+    if args.confidence_output is not None and not str(args.confidence_output).endswith(".npy"):
+        raise InvalidInputError(
+            "--confidence-output must be a .npy file", param="confidence_output"
         )
     # the same bytes as the service answers, whatever --batch-size (batch-invariant)
     translator = LocalTranslator(args.stitch, inverse=args.inverse, device=args.device)
     ref = translator.ref
+    scored = args.confidence_output is not None
+    if scored:  # refused before anything is written
+        translator.require_confidence()
     reader = EmbeddingReader(args.input)
     if reader.shape[1] != ref.d_in:
         raise ShapeMismatchError(
@@ -372,13 +402,20 @@ def _translate(args: argparse.Namespace) -> int:
         "source_file": str(args.input),
     }
     n, rescaled = len(reader), 0
+    confidence = np.empty(n if scored else 0, dtype=np.float32)
+    flagged = 0
     with (
         EmbeddingWriter(args.output, n, ref.d_out, metadata=meta) as writer,
         tqdm(total=n, unit="vec", desc="translate", file=sys.stderr) as bar,
     ):
         for start, rows in reader.iter_batches(args.batch_size):
             try:
-                out, count = translator.translate(rows)
+                if scored:
+                    out, count, conf, ood = translator.translate_scored(rows)
+                    confidence[start : start + len(rows)] = conf
+                    flagged += int(ood.sum())
+                else:
+                    out, count = translator.translate(rows)
             except ZeroVectorError as error:
                 row = start + error.row
                 raise ZeroVectorError(
@@ -394,13 +431,23 @@ def _translate(args: argparse.Namespace) -> int:
             rescaled += count
             writer.write(out)
             bar.update(len(rows))
-    summary = {
+        if scored:  # written before the vectors' file is renamed into place
+            atomic_write(args.confidence_output, lambda handle: np.save(handle, confidence))
+    summary: dict[str, Any] = {
         "output": str(args.output),
         "rows": n,
         "dim": ref.d_out,
         "input_normalized": expects_unit_input(translator.stitch, inverse=args.inverse),
         "rescaled_inputs": rescaled,
     }
+    if scored:
+        summary["confidence_output"] = str(args.confidence_output)
+        summary["out_of_distribution"] = flagged
+        if flagged:
+            sys.stderr.write(
+                f"warning: {flagged} of {n} rows are far outside the stitch's training "
+                "inputs (out of distribution); their translations are unreliable\n"
+            )
     print(json.dumps(summary))
     return 0
 
@@ -486,6 +533,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="storage dtype of the saved tensors (float16 halves the folder; the scorecard is "
         "computed on the rounded values)",
     )
+    fit.add_argument(
+        "--no-confidence",
+        dest="confidence",
+        action="store_false",
+        help="do not attach the per-vector confidence head (fitted on the held-out rows by "
+        "default; needs at least 50 of them)",
+    )
     _add_out_arguments(fit)
     fit.set_defaults(handler=_fit)
 
@@ -532,6 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--output", required=True, metavar="FILE", help=".npy or .safetensors")
     translate.add_argument(
         "--force", action="store_true", help="replace an --output file that exists already"
+    )
+    translate.add_argument(
+        "--confidence-output",
+        metavar="FILE.npy",
+        help="also write each row's confidence (float32 in [0, 1], a calibrated estimate of "
+        "its cosine with the target model's own vector) and count the rows out of "
+        "distribution; needs a stitch with a confidence head",
     )
     translate.add_argument("--batch-size", type=int, default=4096)
     translate.add_argument(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,9 @@ from lead.errors import (
     ShapeMismatchError,
     UnknownArchitectureError,
 )
+
+if TYPE_CHECKING:
+    from lead._confidence_head import ConfidenceHead
 
 __all__ = [
     "STITCH_REGISTRY",
@@ -120,6 +123,33 @@ class Stitch(nn.Module):
             "output_scale",
             nn.Parameter(torch.ones(1), requires_grad=False) if output_scale else None,
         )
+
+    #: The submodule name of :attr:`confidence_head` (its tensors are ``confidence.*``).
+    CONFIDENCE: ClassVar[str] = "confidence"
+
+    @property
+    def confidence_head(self) -> ConfidenceHead | None:
+        """The stitch's :class:`~lead.confidence.ConfidenceHead`, or None (the default).
+
+        Stored as the submodule ``confidence``, so its buffers follow the stitch's device
+        and are saved as ``confidence.*`` tensors (:func:`lead.artifacts.save_stitch`).
+        """
+        head = self._modules.get(self.CONFIDENCE)
+        return head  # type: ignore[return-value]
+
+    @confidence_head.setter
+    def confidence_head(self, head: ConfidenceHead | None) -> None:
+        self._modules.pop(self.CONFIDENCE, None)
+        if head is not None:
+            self.add_module(self.CONFIDENCE, head)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # nn.Module would register a module under the attribute's own name, bypassing the
+        # property; route it through the property instead
+        if name == "confidence_head":
+            type(self).confidence_head.fset(self, value)  # type: ignore[attr-defined]
+            return
+        super().__setattr__(name, value)
 
     def get_config(self) -> dict[str, Any]:
         """Architecture parameters, the keys of :attr:`config_keys` (and ``output_scale:

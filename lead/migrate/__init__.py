@@ -57,6 +57,7 @@ def apply(
     allow_no_go: bool = False,
     device: str | None = None,
     progress: Any = True,
+    confidence_column: str | None = None,
 ) -> ApplyResult:
     """Translate every vector of ``source`` into the new ``target``; resume where a run stopped.
 
@@ -82,6 +83,9 @@ def apply(
         ``cpu`` or ``cuda`` for the in-process stitch.
     progress : bool or callable
         A progress bar on stderr, or ``f(rows_done, rows_total)``.
+    confidence_column : str, optional
+        Also write each row's confidence there (see :func:`lead.migrate.apply.run_apply`);
+        the stitch needs a confidence head.
 
     Returns
     -------
@@ -117,6 +121,7 @@ def apply(
                 allow_no_go=allow_no_go,
                 column=_column_name(src),
                 progress=progress,
+                confidence_column=confidence_column,
             )
     finally:
         if isinstance(stitch, str | Path):

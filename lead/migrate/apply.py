@@ -27,7 +27,7 @@ from lead.errors import InvalidInputError, ShapeMismatchError, ZeroVectorError
 from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target, unsplit
 from lead.migrate.translator import Translator
 
-__all__ = ["ApplyResult", "check_dims", "migration_spec", "run_apply"]
+__all__ = ["ApplyResult", "check_confidence", "check_dims", "migration_spec", "run_apply"]
 
 _DONE = object()
 
@@ -113,11 +113,42 @@ def check_dims(source: Source, translator: Translator, column: str) -> None:
         )
 
 
+def check_confidence(translator: Translator, target: Target, name: str | None) -> None:
+    """Refuse ``--confidence-column`` where it cannot be written, before anything is.
+
+    Raises
+    ------
+    InvalidInputError
+        An empty name; a translator through a server; a stitch without a confidence head
+        (or run backwards).
+    """
+    if name is None:
+        return
+    if not name.strip():
+        raise InvalidInputError("--confidence-column needs a name", param="confidence_column")
+    require = getattr(translator, "require_confidence", None)
+    if require is None:
+        raise InvalidInputError(
+            "--confidence-column scores rows in-process; drop --server",
+            param="confidence_column",
+        )
+    require()
+    target.confidence_column = name
+
+
 def migration_spec(
-    source: Source, translator: Translator, *, inverse: bool, normalize: bool
+    source: Source,
+    translator: Translator,
+    *,
+    inverse: bool,
+    normalize: bool,
+    confidence_column: str | None = None,
 ) -> MigrationSpec:
     """What the target records about this migration (a resumed run must match it)."""
     ref = translator.ref
+    extra = {"source_model": ref.source_model, "target_model": ref.target_model}
+    if confidence_column is not None:  # absent otherwise: older targets resume as before
+        extra["confidence_column"] = confidence_column
     return MigrationSpec(
         source=source_identity(source.info.uri),
         stitch=ref.name,
@@ -126,7 +157,7 @@ def migration_spec(
         dim=ref.d_out,
         id_kind=source.info.id_kind,
         normalize=normalize,
-        extra={"source_model": ref.source_model, "target_model": ref.target_model},
+        extra=extra,
     )
 
 
@@ -164,9 +195,14 @@ def _read_ahead(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
         stop.set()
 
 
-def _translate(translator: Translator, batch: Batch, column: str) -> np.ndarray:
+def _translate(
+    translator: Translator, batch: Batch, column: str, scored: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
     try:
-        return translator(batch.vectors)
+        if scored:
+            out, _, confidence, _ = translator.translate_scored(batch.vectors)  # type: ignore[attr-defined]
+            return out, confidence
+        return translator(batch.vectors), None
     except ZeroVectorError as error:
         bad = batch.ids[error.row] if 0 <= error.row < len(batch.ids) else "?"
         raise ZeroVectorError(
@@ -178,15 +214,16 @@ def _translate(translator: Translator, batch: Batch, column: str) -> np.ndarray:
 
 
 def _translated(
-    batches: Iterator[Batch], translator: Translator, column: str
-) -> Iterator[tuple[Batch, np.ndarray]]:
+    batches: Iterator[Batch], translator: Translator, column: str, scored: bool
+) -> Iterator[tuple[Batch, tuple[np.ndarray, np.ndarray | None]]]:
     """Translate batches in order, up to ``translator.concurrency`` at once, in threads:
     batch k+1 is translated while the caller writes batch k."""
     width = max(1, int(translator.concurrency))
+    Result = tuple[np.ndarray, np.ndarray | None]
     with ThreadPoolExecutor(width, thread_name_prefix="lead-migrate-translate") as pool:
-        pending: deque[tuple[Batch, Future[np.ndarray]]] = deque()
+        pending: deque[tuple[Batch, Future[Result]]] = deque()
         for batch in batches:
-            pending.append((batch, pool.submit(_translate, translator, batch, column)))
+            pending.append((batch, pool.submit(_translate, translator, batch, column, scored)))
             if len(pending) > width:
                 done, future = pending.popleft()
                 yield done, future.result()
@@ -207,6 +244,7 @@ def run_apply(
     allow_no_go: bool = False,
     column: str = "the source column",
     progress: Callable[[int, int], None] | bool = True,
+    confidence_column: str | None = None,
 ) -> ApplyResult:
     """Translate every vector of ``source`` into ``target``; resume where a run stopped.
 
@@ -228,6 +266,11 @@ def run_apply(
         How errors name the source column.
     progress : bool or callable, default True
         A progress bar on stderr with rate and ETA; or ``f(rows_done, rows_total)``.
+    confidence_column : str, optional
+        Also write each row's confidence (float32 in [0, 1], from the stitch's
+        :class:`~lead.confidence.ConfidenceHead`) there: a ``real`` column of the pgvector
+        table, a payload field of the Qdrant points, a column of the Parquet parts; in
+        the same atomic step as the vectors.
 
     Returns
     -------
@@ -236,7 +279,8 @@ def run_apply(
     Raises
     ------
     InvalidInputError
-        ``batch_size`` below 1; NULL vectors (without ``skip_null``), non-finite values or
+        ``batch_size`` below 1; ``confidence_column`` with a stitch that has no confidence
+        head, or through a server; NULL vectors (without ``skip_null``), non-finite values or
         duplicate ids in the source, found before anything is written.
     ShapeMismatchError
         The source's dimension is not the stitch's.
@@ -251,9 +295,16 @@ def run_apply(
         )
     started = time.perf_counter()
     check_go(translator, allow_no_go=allow_no_go)
+    check_confidence(translator, target, confidence_column)
     check_dims(source, translator, column)
     source.check(skip_null=skip_null)
-    spec = migration_spec(source, translator, inverse=inverse, normalize=normalize)
+    spec = migration_spec(
+        source,
+        translator,
+        inverse=inverse,
+        normalize=normalize,
+        confidence_column=confidence_column,
+    )
     state = target.open(spec, source.info)  # writes nothing yet: the first batch creates
     resumed = state.rows_written
     if state.done:
@@ -269,10 +320,14 @@ def run_apply(
     written = resumed
     try:
         reader = _read_ahead(source.batches(batch_size, after=state.position), depth=2)
-        for batch, out in _translated(reader, translator, column):
+        scored = confidence_column is not None
+        for batch, (out, confidence) in _translated(reader, translator, column, scored):
             written += len(batch.ids)
             state = Progress(position=batch.position, rows_written=written)
-            target.write(batch.ids, out, state)
+            if scored:
+                target.write(batch.ids, out, state, confidence)
+            else:
+                target.write(batch.ids, out, state)
             report(written)
         target.finish(Progress(position=state.position, rows_written=written, done=True))
     finally:

@@ -84,6 +84,11 @@ def _apply(args: argparse.Namespace) -> int:
 
         if args.server:
             raise InvalidInputError("--engine ray translates in its workers; drop --server")
+        if args.confidence_column is not None:
+            raise InvalidInputError(
+                "--confidence-column is not available with --engine ray yet; drop one of them",
+                param="confidence_column",
+            )
         result = run_apply_ray(
             args.source,
             args.target,
@@ -112,6 +117,7 @@ def _apply(args: argparse.Namespace) -> int:
             allow_no_go=args.allow_no_go,
             device=args.device,
             progress=not args.quiet,
+            confidence_column=args.confidence_column,
         )
     _print(result.as_dict())
     return 0
@@ -405,6 +411,13 @@ def add_migrate_commands(commands: Any) -> None:
         "--num-gpus",
         type=float,
         help="--engine ray: GPUs per actor (the stitch then runs on CUDA in each actor)",
+    )
+    apply.add_argument(
+        "--confidence-column",
+        metavar="NAME",
+        help="also write each row's confidence (float32 in [0, 1]; the stitch needs a "
+        "confidence head): a real column of the pgvector table, a payload field of the "
+        "Qdrant points, a column of the Parquet parts",
     )
     apply.add_argument("--quiet", action="store_true", help="no progress bar")
     apply.add_argument(

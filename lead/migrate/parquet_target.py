@@ -109,6 +109,7 @@ class ParquetTarget(Closing):
                 param="column",
             )
         self.uri = str(path)
+        self.confidence_column: str | None = None
         self.dim, self.id_kind, self.parts = 0, "int", 0
         self._lock_fd: int | None = None
 
@@ -163,6 +164,12 @@ class ParquetTarget(Closing):
             raise
 
     def _open(self, spec: MigrationSpec, partitioned: bool) -> Progress:
+        if self.confidence_column in ("id", self.column):
+            raise InvalidInputError(
+                f"{self.path}: the confidence column must not be named like the id or the "
+                f"vector column ({self.confidence_column!r})",
+                param="confidence_column",
+            )
         want = {**spec.as_dict(), "column": self.column}
         manifest = self.path / MANIFEST
         if manifest.is_file():
@@ -286,14 +293,22 @@ class ParquetTarget(Closing):
         for stale in self.path.glob(".part-*.tmp"):
             stale.unlink(missing_ok=True)
 
-    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
-        """Write one part (temporary name, fsync, rename) carrying the checkpoint."""
+    def write(
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        progress: Progress,
+        confidence: np.ndarray | None = None,
+    ) -> None:
+        """Write one part (temporary name, fsync, rename) carrying the checkpoint (and the
+        rows' confidences in :attr:`confidence_column`, when set)."""
         state = {"position": progress.position, "rows_written": progress.rows_written}
-        self.write_part(f"part-{self.parts:06d}.parquet", state, [(ids, vectors)])
+        batch = (ids, vectors) if confidence is None else (ids, vectors, confidence)
+        self.write_part(f"part-{self.parts:06d}.parquet", state, [batch])
         self.parts += 1
 
     def write_part(
-        self, name: str, state: dict[str, Any], batches: Iterable[tuple[np.ndarray, np.ndarray]]
+        self, name: str, state: dict[str, Any], batches: Iterable[tuple[np.ndarray, ...]]
     ) -> int:
         """Write the rows of ``batches`` as part ``name`` (one row group per batch), whole
         or not at all: to a temporary name, fsynced, renamed. ``state`` goes in its
@@ -301,27 +316,38 @@ class ParquetTarget(Closing):
 
         Parameters
         ----------
-        batches : iterable of (ids, vectors)
-            ids of shape (m,), int64 or str; vectors of shape (m, dim), float32.
+        batches : iterable of (ids, vectors) or (ids, vectors, confidence)
+            ids of shape (m,), int64 or str; vectors of shape (m, dim), float32;
+            confidence of shape (m,), float32 (with :attr:`confidence_column` set).
         """
         pa = require("pyarrow", "arrow")
         pq = require("pyarrow.parquet", "arrow")
-        schema = pa.schema(
-            [
-                ("id", pa.int64() if self.id_kind == "int" else pa.string()),
-                (self.column, pa.list_(pa.float32(), self.dim)),
-            ],
-            metadata={_POSITION_KEY: json.dumps(state).encode()},
-        )
+        fields = [
+            ("id", pa.int64() if self.id_kind == "int" else pa.string()),
+            (self.column, pa.list_(pa.float32(), self.dim)),
+        ]
+        if self.confidence_column is not None:
+            fields.append((self.confidence_column, pa.float32()))
+        schema = pa.schema(fields, metadata={_POSITION_KEY: json.dumps(state).encode()})
         rows = 0
 
         def write(handle: IO[bytes]) -> None:
             nonlocal rows
             with pq.ParquetWriter(handle, schema) as writer:
-                for ids, vectors in batches:
-                    column = vector_column(vectors)
-                    id_array = pa.array(ids.tolist() if ids.dtype == object else ids)
-                    writer.write_table(pa.Table.from_arrays([id_array, column], schema=schema))
+                for ids, vectors, *scores in batches:
+                    arrays = [
+                        pa.array(ids.tolist() if ids.dtype == object else ids),
+                        vector_column(vectors),
+                    ]
+                    if self.confidence_column is not None:
+                        if not scores:
+                            raise InvalidInputError(
+                                f"{self.path} records confidences in "
+                                f"{self.confidence_column!r}: every batch needs them",
+                                param="confidence_column",
+                            )
+                        arrays.append(pa.array(np.asarray(scores[0], dtype=np.float32)))
+                    writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
                     rows += len(ids)
 
         atomic_write(self.path / name, write)

@@ -368,6 +368,6 @@ def migrate_partition(
     def rows() -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
         batches = source.batches(batch_size, after=partition.after, until=partition.until)
         for batch in _read_ahead(batches, depth=2):
-            yield batch.ids, _translate(translator, batch, column), batch.position
+            yield batch.ids, _translate(translator, batch, column, False)[0], batch.position
 
     return store.write(partition, rows())

@@ -96,6 +96,8 @@ class PgVectorTarget(PgStore):
         self._pending: dict[str, Any] | None = None
         self._ids_checked = False
         self._locked = False
+        #: a ``real`` column for each row's confidence (``--confidence-column``), or None
+        self.confidence_column: str | None = None
 
     def _sql(self, template: str, **extra: Any) -> Any:
         from psycopg import sql
@@ -231,6 +233,23 @@ class PgVectorTarget(PgStore):
                 param="target",
             )
         self.new_table = kind is None
+        conf = self.confidence_column
+        if conf is not None and conf in (self.column, self.id_column):
+            raise InvalidInputError(
+                f"{self.uri}: the confidence column cannot be named like the vector or the "
+                f"id column ({conf!r})",
+                param="confidence_column",
+            )
+        if (
+            conf is not None
+            and kind is not None
+            and column_type(self.conn, self.schema, self.table, conf)
+        ):
+            raise ConflictError(
+                f"{self.uri}: {self.table} has a column {conf!r} already; choose another "
+                "--confidence-column",
+                param="confidence_column",
+            )
         if self.new_table:
             if self.column == self.id_column:
                 raise InvalidInputError(
@@ -404,6 +423,13 @@ class PgVectorTarget(PgStore):
                     if self.new_table
                     else self._sql(f"ALTER TABLE {{tbl}} ADD COLUMN {{col}} {type_sql}")
                 )
+                if self.confidence_column is not None:
+                    cursor.execute(
+                        self._sql(
+                            "ALTER TABLE {tbl} ADD COLUMN {conf} real",
+                            conf=ident(self.confidence_column),
+                        )
+                    )
                 cursor.execute(
                     self._sql("INSERT INTO {ckpt} (target, spec) VALUES (%s, %s)"),
                     (self.key, Jsonb(self._pending)),
@@ -476,14 +502,51 @@ class PgVectorTarget(PgStore):
             param="id",
         )
 
+    def write_confidence(self, cursor: Any, ids: np.ndarray, confidence: np.ndarray) -> None:
+        """Stage the rows' confidences and UPDATE them into :attr:`confidence_column`,
+        inside the caller's transaction (after :meth:`write_rows` wrote the rows)."""
+        id_sql = "bigint" if self.id_kind == "int" else "text"
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS lead_confidence (id {id_sql}, c real) "
+            "ON COMMIT DELETE ROWS"
+        )
+        with cursor.copy("COPY lead_confidence (id, c) FROM STDIN") as copy:
+            keys = ids.tolist()
+            scores = np.asarray(confidence, dtype=np.float32).tolist()
+            for key, value in zip(keys, scores, strict=True):
+                copy.write_row((key, value))
+        cast = "" if self.id_kind == "int" else "::text"
+        cursor.execute(
+            self._sql(
+                f"UPDATE {{tbl}} t SET {{conf}} = s.c FROM lead_confidence s "
+                f"WHERE t.{{id}}{cast} = s.id",
+                conf=ident(self.confidence_column or ""),
+            )
+        )
+        cursor.execute("TRUNCATE lead_confidence")
+
     @store_errors
-    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
+    def write(
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        progress: Progress,
+        confidence: np.ndarray | None = None,
+    ) -> None:
         """COPY the rows (or stage and UPDATE them) and move the checkpoint, in one
-        transaction (the first one also creates the target, see :meth:`open`)."""
+        transaction (the first one also creates the target, see :meth:`open`); with
+        :attr:`confidence_column`, the rows' ``confidence`` lands in the same transaction."""
         from psycopg.types.json import Jsonb
 
+        if (confidence is None) != (self.confidence_column is None):
+            raise InvalidInputError(
+                f"{self.uri}: confidences go with --confidence-column, and only with it",
+                param="confidence_column",
+            )
         with self.writing() as cursor:
             self.write_rows(cursor, ids, vectors)
+            if confidence is not None:
+                self.write_confidence(cursor, ids, confidence)
             cursor.execute(
                 self._sql(
                     "UPDATE {ckpt} SET position = %s, rows_written = %s, updated_at = now() "

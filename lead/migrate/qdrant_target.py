@@ -72,6 +72,8 @@ class QdrantTarget(Collection):
         self.spec: dict[str, Any] = {}
         self.new_collection = True
         self._pending: int | None = None  # the dimension of what the first write makes
+        #: a payload field for each point's confidence (``--confidence-column``), or None
+        self.confidence_column: str | None = None
 
     def _params(self, dim: int) -> Any:
         from qdrant_client import models
@@ -228,9 +230,17 @@ class QdrantTarget(Collection):
                 f"({error}); older servers cannot add a named vector: choose a new collection",
             ) from None
 
-    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
+    def write(
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        progress: Progress,
+        confidence: np.ndarray | None = None,
+    ) -> None:
         """Upsert the points (or update their new vector), wait, then move the checkpoint.
-        The first write makes the collection or vector, after its ids passed.
+        The first write makes the collection or vector, after its ids passed. With
+        :attr:`confidence_column`, each point's ``confidence`` goes in that payload field,
+        written (idempotently, by id) before the checkpoint moves.
 
         Raises
         ------
@@ -242,6 +252,12 @@ class QdrantTarget(Collection):
         """
         from qdrant_client import models
 
+        if (confidence is None) != (self.confidence_column is None):
+            raise InvalidInputError(
+                f"{self.uri}: confidences go with --confidence-column, and only with it",
+                param="confidence_column",
+            )
+        scores = None if confidence is None else np.asarray(confidence, np.float32).tolist()
         pairs = [point_key(k) for k in ids.tolist()]
         keys = [p for p, _ in pairs]
         if not self.new_collection:
@@ -249,7 +265,12 @@ class QdrantTarget(Collection):
         self._start()
         rows = np.asarray(vectors, dtype=np.float32).tolist()
         if self.new_collection:
-            payloads = [{"lead_id": t} if t is not None else {} for _, t in pairs]
+            payloads: list[dict[str, Any]] = [
+                {"lead_id": t} if t is not None else {} for _, t in pairs
+            ]
+            if scores is not None:
+                for payload, score in zip(payloads, scores, strict=True):
+                    payload[str(self.confidence_column)] = score
             batch = models.Batch(
                 ids=keys,
                 vectors={self.vector: rows} if self.address.named else rows,
@@ -268,6 +289,15 @@ class QdrantTarget(Collection):
                     f"{self.uri}: an id of this batch is not a point of {self.collection!r} "
                     f"({error}); a vector is added to the points of the same ids",
                 ) from None
+            if scores is not None:
+                field = str(self.confidence_column)
+                operations = [
+                    models.SetPayloadOperation(
+                        set_payload=models.SetPayload(payload={field: score}, points=[k])
+                    )
+                    for k, score in zip(keys, scores, strict=True)
+                ]
+                self.call(lambda c: c.batch_update_points(self.collection, operations, wait=True))
         self._save(progress)
 
     def finish(self, progress: Progress) -> None:

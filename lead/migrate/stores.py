@@ -384,6 +384,9 @@ class Target(Protocol):
     """A new table, column, collection or folder that a migration fills."""
 
     uri: str
+    #: Where each row's confidence goes (a column, a payload field), or None; set before
+    #: :meth:`open` (``lead migrate apply --confidence-column``).
+    confidence_column: str | None
 
     def open(self, spec: MigrationSpec, source: SourceInfo) -> Progress:
         """Create the target, or find the checkpoint of the same migration in it.
@@ -395,8 +398,15 @@ class Target(Protocol):
             (another source, stitch or dimension).
         """
 
-    def write(self, ids: np.ndarray, vectors: np.ndarray, progress: Progress) -> None:
-        """Write rows and the checkpoint ``progress`` in one atomic step."""
+    def write(
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        progress: Progress,
+        confidence: np.ndarray | None = None,
+    ) -> None:
+        """Write rows (and their float32 ``confidence`` in :attr:`confidence_column`,
+        when set) and the checkpoint ``progress`` in one atomic step."""
 
     def finish(self, progress: Progress) -> None:
         """Mark the migration done (indexes, the final rename, ...)."""

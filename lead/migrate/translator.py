@@ -193,19 +193,80 @@ class LocalTranslator:
         NonFiniteOutputError
             The stitch produced NaN or infinity.
         """
+        out, rescaled, _ = self._translate(rows, scored=False)
+        return out, rescaled
+
+    @property
+    def has_confidence(self) -> bool:
+        """Whether the stitch has a confidence head (forward direction only)."""
+        return self.stitch.confidence_head is not None and not self.inverse
+
+    def require_confidence(self) -> None:
+        """Raise :class:`~lead.errors.InvalidInputError` unless :attr:`has_confidence`."""
+        if not self.has_confidence:
+            raise _no_confidence(self.ref.name, self.inverse)
+
+    def translate_scored(self, rows: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+        """:meth:`translate` plus each row's confidence and out-of-distribution flag.
+
+        The translations are the same bytes as :meth:`translate` gives; the scores come
+        from the stitch's :class:`~lead.confidence.ConfidenceHead` (batch-invariant too).
+
+        Returns
+        -------
+        out : ndarray of shape (m, d_out), float32
+        rescaled : int
+        confidence : ndarray of shape (m,), float32 in [0, 1]
+        out_of_distribution : ndarray of shape (m,), bool
+
+        Raises
+        ------
+        InvalidInputError
+            The stitch has no confidence head, or runs backwards (``inverse``).
+        ZeroVectorError, NonFiniteOutputError
+            As :meth:`translate`.
+        """
+        self.require_confidence()
+        out, rescaled, scores = self._translate(rows, scored=True)
+        assert scores is not None
+        return out, rescaled, scores[0], scores[1]
+
+    def _translate(
+        self, rows: np.ndarray, *, scored: bool
+    ) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray] | None]:
+        scores = None
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
             x = x.to(device=self._param.device)
             x, rescaled = normalize_input(self.stitch, x, inverse=self.inverse)
-            out = forward_batch_invariant(self._run, x.to(dtype=self._param.dtype))
+            x = x.to(dtype=self._param.dtype)
+            out = forward_batch_invariant(self._run, x)
+            if scored:
+                head = self.stitch.confidence_head
+                assert head is not None
+                confidence, ood = head.score(x, out)
+                scores = (confidence.cpu().numpy(), ood.cpu().numpy())
             if self.normalize:
                 out = torch.nn.functional.normalize(out, dim=1)
             if not bool(torch.isfinite(out).all()):
                 raise NonFiniteOutputError("the stitch produced NaN or infinity")
-            return out.float().cpu().numpy(), rescaled
+            return out.float().cpu().numpy(), rescaled, scores
 
     def close(self) -> None:
         pass
+
+
+def _no_confidence(name: str, inverse: bool) -> InvalidInputError:
+    if inverse:
+        return InvalidInputError(
+            "confidence is only available translating forward, not with --inverse",
+            param="confidence",
+        )
+    return InvalidInputError(
+        f"stitch {name} has no confidence head: refit it with held-out rows (lead fit "
+        "attaches one by default) or attach one with lead.confidence.fit_confidence",
+        param="confidence",
+    )
 
 
 class RemoteTranslator:

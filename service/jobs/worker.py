@@ -8,7 +8,9 @@ connection, and then runs the jobs its runner sends it. :func:`run_job` is one j
    ``holdout_fraction`` and ``seed``);
 2. fit on the training rows with :func:`lead.fit_stitch`, reporting progress to SQLite and
    stopping (:class:`~lead.errors.JobCancelledError`) once the job is ``cancelling``;
-3. score on the held-out rows with :func:`lead.scorecard.score_stitch`;
+3. score on the held-out rows with :func:`lead.scorecard.score_stitch`, and calibrate the
+   per-vector confidence head on them (:func:`lead.confidence.attach_confidence`; none
+   with fewer than 50 held-out rows);
 4. save the stitch, publish it to the stitch store (``LEAD_STITCH_STORE``, by default
    ``LEAD_DATA_DIR/stitches/<stitch_id>``, atomically) and store the scorecard, with
    the serving decision (:func:`serving_decision`): a stitch whose held-out R² is at or
@@ -208,6 +210,7 @@ def run_job(
         ``"failed"`` or ``"cancelled"`` (already stored).
     """
     from lead.artifacts import save_stitch
+    from lead.confidence import attach_confidence
     from lead.fitting import fit_stitch
     from lead.scorecard import score_stitch
     from lead.splits import holdout_split
@@ -249,6 +252,14 @@ def run_job(
         ).to_dict()
         stitch.info.scorecard = card
         stitch.info.fit["holdout_fraction"] = request["holdout_fraction"]
+        attach_confidence(  # per-vector confidence, calibrated on the held-out rows
+            stitch,
+            data.source[train_idx],
+            Y_train,
+            data.source[test_idx],
+            data.target[test_idx],
+            seed=request["seed"],
+        )
         progress("saving", 0, 1)
         progress.check()
         with layout.scratch(f"stitch-{job.stitch_id}") as scratch:

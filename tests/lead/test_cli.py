@@ -342,7 +342,8 @@ def test_fit_mlp_progress_bar_ends_full_when_training_stops_early(
     assert main(_fit_args(tmp_path / "mlp", *options)) == 0
     epochs = load_stitch(tmp_path / "mlp").info.fit["epochs"]
     assert epochs < 60  # early stopping ended training
-    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    lines = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    last = [line for line in lines if line.startswith("train:")][-1]  # then "confidence:"
     assert last.startswith("train: 100%") and f" {epochs}/{epochs} " in last, last
 
 
@@ -364,6 +365,83 @@ def test_fit_warns_when_the_stitch_is_below_the_baseline(
     assert "same ids, same order" in captured.err
     assert main(_fit_args(tmp_path / "good", "--method", "ridge")) == 0
     assert "baseline" not in capsys.readouterr().err
+
+
+def test_fit_attaches_a_confidence_head_calibrated_on_the_held_out_rows(
+    fitted: tuple[Path, dict],
+) -> None:
+    out, _ = fitted
+    stitch = load_stitch(out)
+    assert stitch.confidence_head is not None
+    config = json.loads((out / "config.json").read_text())
+    report = config["confidence"]["report"]
+    assert report["held_out_rows"] == 80 and report["train_rows"] == 320
+    assert report["spearman_in_domain"] > 0.4  # 80 real held-out rows (measured 0.69)
+    assert "Spearman(confidence, true cosine)" in (out / "README.md").read_text()
+
+
+def test_fit_without_confidence_or_with_too_few_held_out_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_fit_args(tmp_path / "off", "--no-confidence")) == 0
+    assert load_stitch(tmp_path / "off").confidence_head is None
+    capsys.readouterr()
+    assert main(_fit_args(tmp_path / "few", "--holdout", "0.1")) == 0  # 40 held-out rows
+    assert "no confidence head: it needs at least 50 held-out rows" in capsys.readouterr().err
+    assert load_stitch(tmp_path / "few").confidence_head is None
+
+
+def test_translate_writes_confidences_beside_the_same_vectors(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    base = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--batch-size", "7"]
+    assert main([*base, "--output", str(tmp_path / "plain.npy")]) == 0
+    capsys.readouterr()
+    scored = [*base, "--output", str(tmp_path / "y.npy")]
+    assert main([*scored, "--confidence-output", str(tmp_path / "c.npy")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    # real MiniLM vectors, but of queries (short claims) where the stitch saw 320 abstracts
+    assert summary["out_of_distribution"] <= 2  # (measured 1 of 100)
+    assert summary["confidence_output"] == str(tmp_path / "c.npy")
+    confidence = np.load(tmp_path / "c.npy")
+    assert confidence.dtype == np.float32 and confidence.shape == (100,)
+    assert ((confidence >= 0) & (confidence <= 1)).all() and confidence.std() > 0
+    assert np.load(tmp_path / "y.npy").tobytes() == np.load(tmp_path / "plain.npy").tobytes()
+    # batch-invariant: the same confidences whatever --batch-size
+    again = [*base[:-1], "100", "--output", str(tmp_path / "y2.npy")]
+    assert main([*again, "--confidence-output", str(tmp_path / "c2.npy")]) == 0
+    assert np.load(tmp_path / "c2.npy").tobytes() == confidence.tobytes()
+
+
+def test_translate_counts_rows_out_of_distribution(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    garbage = np.random.default_rng(0).normal(size=(30, 384)).astype(np.float32)
+    np.save(tmp_path / "garbage.npy", garbage)
+    args = ["translate", str(out), "--input", str(tmp_path / "garbage.npy")]
+    args += ["--output", str(tmp_path / "y.npy"), "--confidence-output", str(tmp_path / "c.npy")]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    flagged = json.loads(captured.out)["out_of_distribution"]
+    assert flagged >= 25  # 320 training rows: a loose threshold (measured 30 of 30)
+    assert f"{flagged} of 30 rows are far outside" in captured.err
+
+
+def test_translate_refuses_confidence_without_a_head(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_fit_args(tmp_path / "off", "--no-confidence")) == 0
+    capsys.readouterr()
+    args = ["translate", str(tmp_path / "off"), "--input", f"{DATA}:minilm_queries"]
+    args += ["--output", str(tmp_path / "y.npy"), "--confidence-output", str(tmp_path / "c.npy")]
+    assert main(args) == 2
+    assert "has no confidence head" in capsys.readouterr().err
+    assert not (tmp_path / "y.npy").exists() and not (tmp_path / "c.npy").exists()
+    wrong = [*args[:-1], str(tmp_path / "c.csv")]
+    assert main(wrong) == 2
+    assert "must be a .npy file" in capsys.readouterr().err
 
 
 def test_fit_local_weighs_each_pair_of_files(

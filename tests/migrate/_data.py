@@ -38,3 +38,16 @@ def queries(scifact: Any, *, source: bool = True) -> RetrievalQueries:
         qrels=scifact.qrels,
         source_queries=scifact.queries["minilm"] if source else None,
     )
+
+
+def scored_stitch(folder: Path, scifact: Any) -> Path:
+    """A MiniLM → mpnet ridge stitch with a confidence head, fitted on 320 fixture documents
+    and calibrated on the other 80 (the bundled stitches have none yet); its folder."""
+    from lead.artifacts import save_stitch
+    from lead.confidence import fit_confidence
+    from lead.fitting import fit_stitch
+
+    X, Y = scifact.corpus["minilm"], scifact.corpus["mpnet"]
+    stitch = fit_stitch(X[:320], Y[:320], "ridge")
+    fit_confidence(stitch, X[:320], Y[:320], X[320:], Y[320:])
+    return save_stitch(stitch, folder)

@@ -355,3 +355,63 @@ def test_a_run_killed_before_its_manifest_landed_starts_over(
     (other / "notes.txt").write_text("mine")
     with pytest.raises(ConflictError, match="other content"):
         _apply(source, other, minilm_to_mpnet)
+
+
+# 5. the confidence column
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, scifact_small) -> LocalTranslator:
+    from tests.migrate._data import scored_stitch
+
+    return LocalTranslator(scored_stitch(tmp_path_factory.mktemp("scored") / "s", scifact_small))
+
+
+def test_the_confidence_column_lands_with_the_vectors_and_survives_resume(
+    tmp_path, scifact_small, scored
+):
+    X = scifact_small.corpus["minilm"]
+    ids = np.arange(len(X), dtype=np.int64) * 3
+    source = write_parquet(tmp_path / "src.parquet", ids, X)
+    target = tmp_path / "out"
+    stopped = []
+
+    def stop_after_two(done: int, total: int) -> None:
+        stopped.append(done)
+        if len(stopped) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(
+            source, str(target), scored, batch_size=90, progress=stop_after_two,
+            confidence_column="conf",
+        )  # fmt: skip
+    # resuming with another setting is another migration
+    with pytest.raises(ConflictError, match="confidence_column"):
+        _apply(source, target, scored, batch_size=90)
+    result = _apply(source, target, scored, batch_size=90, confidence_column="conf")
+    assert (result.resumed_from, result.rows_written) == (180, len(X) - 180)
+    table = pq.read_table(target)
+    assert table.schema.field("conf").type == pa.float32()
+    assert table.column("id").to_numpy().tolist() == ids.tolist()  # each row once
+    _, _, expected, _ = scored.translate_scored(X)
+    got = table.column("conf").to_numpy()
+    assert got.tobytes() == expected.tobytes()  # the bytes translate_scored gives
+    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    assert vectors.tobytes() == scored(X).tobytes()
+
+
+def test_a_confidence_column_is_refused_before_anything_is_written(
+    tmp_path, scifact_small, minilm_to_mpnet, scored
+):
+    X = scifact_small.corpus["minilm"][:20]
+    source = write_parquet(tmp_path / "src.parquet", np.arange(20), X)
+    target = tmp_path / "out"
+    with pytest.raises(InvalidInputError, match="has no confidence head"):
+        _apply(source, target, minilm_to_mpnet, confidence_column="conf")  # bundled: no head
+    with pytest.raises(InvalidInputError, match="named like the id or the vector column"):
+        _apply(source, target, scored, confidence_column="id")
+    assert not target.exists() or not any(target.glob("part-*"))
+    code = main(["migrate", "apply", source, str(target), "--stitch", STITCH, "--quiet",
+                 "--confidence-column", "conf"])  # fmt: skip
+    assert code == 2 and not any(target.glob("part-*"))

@@ -362,3 +362,72 @@ def test_next_batch_is_translated_while_a_batch_is_written(pg_uri, scifact_small
     assert overlapped == [True, True, True]
     got = _fetch(target, np.arange(200))
     np.testing.assert_allclose(got, minilm_to_mpnet(X), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, scifact_small) -> LocalTranslator:
+    from tests.migrate._data import scored_stitch
+
+    return LocalTranslator(scored_stitch(tmp_path_factory.mktemp("scored") / "s", scifact_small))
+
+
+@pytest.mark.parametrize("new_table", [True, False])
+def test_the_confidence_column_is_a_real_column_written_once_across_resume(
+    pg_uri, scifact_small, scored, new_table
+):
+    X = scifact_small.corpus["minilm"]
+    ids = np.arange(len(X), dtype=np.int64) * 5
+    name = f"t_conf_{int(new_table)}"
+    source = make_table(pg_uri, name, ids, X)
+    if not new_table:  # a new column of another table of the same rows
+        make_table(pg_uri, f"{name}_out", ids, X)
+    target = with_params(pg_uri, table=f"{name}_out", column="emb_mpnet")
+    stopped = []
+
+    def stop_after_three(done: int, total: int) -> None:
+        stopped.append(done)
+        if len(stopped) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(
+            source, target, scored, batch_size=50, progress=stop_after_three,
+            confidence_column="confidence",
+        )  # fmt: skip
+    table = f"{name}_out"
+    assert sql(pg_uri, f"SELECT count(confidence) FROM {table}")[0][0] == 150
+    with pytest.raises(ConflictError, match="confidence_column"):
+        migrate.apply(source, target, scored, batch_size=50, progress=False)
+    result = migrate.apply(
+        source, target, scored, batch_size=50, progress=False, confidence_column="confidence"
+    )
+    assert (result.resumed_from, result.rows_written) == (150, len(X) - 150)
+    kind = sql(
+        pg_uri,
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+        f"WHERE attrelid = '{table}'::regclass AND attname = 'confidence'",
+    )
+    assert kind == [("real",)]
+    rows = sql(pg_uri, f"SELECT id, confidence FROM {table} ORDER BY id")
+    assert [r[0] for r in rows] == ids.tolist()  # each row once
+    _, _, expected, _ = scored.translate_scored(X)
+    got = np.asarray([r[1] for r in rows], dtype=np.float32)
+    assert got.tobytes() == expected.tobytes()
+    np.testing.assert_allclose(_fetch(target, ids), scored(X), atol=1e-5, rtol=0)
+
+
+def test_a_confidence_column_is_refused_before_anything_is_written_in_postgres(
+    pg_uri, scifact_small, minilm_to_mpnet, scored
+):
+    X = scifact_small.corpus["minilm"][:30]
+    ids = np.arange(len(X), dtype=np.int64)
+    source = make_table(pg_uri, "t_conf_refused", ids, X)
+    sql(pg_uri, "ALTER TABLE t_conf_refused ADD COLUMN conf real")
+    target = with_params(pg_uri, table="t_conf_refused", column="emb_mpnet")
+    with pytest.raises(InvalidInputError, match="has no confidence head"):
+        migrate.apply(source, target, minilm_to_mpnet, progress=False, confidence_column="c")
+    with pytest.raises(ConflictError, match="has a column 'conf' already"):
+        migrate.apply(source, target, scored, progress=False, confidence_column="conf")
+    with pytest.raises(InvalidInputError, match="named like the vector or the id column"):
+        migrate.apply(source, target, scored, progress=False, confidence_column="id")
+    assert _columns(pg_uri, "t_conf_refused") == ["id", "emb", "conf"]

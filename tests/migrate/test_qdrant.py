@@ -429,3 +429,63 @@ def test_a_storage_folder_below_a_file_is_refused(tmp_path):
         with pytest.raises(InvalidInputError, match=f"{afile} is a file, not a folder"):
             open_target(uri)
     assert afile.read_text() == "not a folder"
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, scifact_small) -> LocalTranslator:
+    from tests.migrate._data import scored_stitch
+
+    return LocalTranslator(scored_stitch(tmp_path_factory.mktemp("scored") / "s", scifact_small))
+
+
+@pytest.mark.parametrize("new_collection", [True, False])
+def test_the_confidence_is_a_payload_field_written_once_across_resume(
+    scifact_small, scored, storage, new_collection
+):
+    X = scifact_small.corpus["minilm"][:200]
+    ids = list(range(len(X)))
+    source = make_collection(storage, "src", ids, {"minilm": X})
+    target = (
+        f"qdrant://{storage}/out?distance=Dot"
+        if new_collection
+        else with_params(source, vector="mpnet")
+    )
+    stopped = []
+
+    def stop_after_two(done: int, total: int) -> None:
+        stopped.append(done)
+        if len(stopped) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(
+            with_params(source, vector="minilm"), target, scored, batch_size=50,
+            progress=stop_after_two, confidence_column="confidence",
+        )  # fmt: skip
+    result = migrate.apply(
+        with_params(source, vector="minilm"),
+        target,
+        scored,
+        batch_size=50,
+        progress=False,
+        confidence_column="confidence",
+    )
+    assert (result.resumed_from, result.rows_written) == (100, len(X) - 100)
+    points = sorted(_points(storage, "out" if new_collection else "src"), key=lambda p: p.id)
+    assert [p.id for p in points] == ids
+    _, _, expected, _ = scored.translate_scored(X)
+    got = np.asarray([p.payload["confidence"] for p in points], dtype=np.float32)
+    assert got.tobytes() == expected.tobytes()  # float32 values survive the JSON payload
+
+
+def test_a_confidence_field_is_refused_without_a_head(scifact_small, minilm_to_mpnet, storage):
+    X = scifact_small.corpus["minilm"][:20]
+    source = make_collection(storage, "src", list(range(20)), X)
+    target = f"qdrant://{storage}/out"
+    with pytest.raises(InvalidInputError, match="has no confidence head"):
+        migrate.apply(source, target, minilm_to_mpnet, progress=False, confidence_column="c")
+    client = _client(storage)
+    try:
+        assert not client.collection_exists("out")
+    finally:
+        client.close()

@@ -113,6 +113,30 @@ def test_job_trains_scores_and_is_served_at_once(
     assert stitch.info.scorecard == job["scorecard"]
 
 
+def test_job_attaches_a_confidence_head_calibrated_on_its_holdout(
+    scifact_job: dict[str, Any], data_dir: Path, scifact_small: Any
+) -> None:
+    from lead.confidence import translate_with_confidence
+
+    stitch = load_stitch(data_dir / "stitches" / scifact_job["job"]["stitch_id"])
+    assert stitch.confidence_head is not None
+    report = stitch.confidence_head.report
+    assert (report["held_out_rows"], report["train_rows"]) == (80, 320)
+    assert report["spearman_in_domain"] > 0.4  # 80 real held-out documents
+    _, confidence, ood = translate_with_confidence(stitch, scifact_small.corpus["minilm"][:50])
+    assert confidence.std() > 0 and not bool(ood.any())
+
+
+def test_a_job_with_few_held_out_rows_has_no_confidence_head(
+    jobs: TestClient, data_dir: Path, scifact_small: Any
+) -> None:
+    r = jobs.post("/v1/jobs", json=tiny_body(scifact_small, n=40))  # 10 held out
+    assert r.status_code == 202, r.text
+    job = wait_job(jobs, r.json()["id"])
+    assert job["status"] == "succeeded", job
+    assert load_stitch(data_dir / "stitches" / job["stitch_id"]).confidence_head is None
+
+
 def test_job_scorecard_equals_leads_own(scifact_job: dict[str, Any], scifact_small: Any) -> None:
     sf = scifact_small
     expected = lead_scorecard(

@@ -1,0 +1,244 @@
+"""The serve-time part of a per-vector confidence: :class:`ConfidenceHead` (private module).
+
+Only torch and the batch-invariant forward: :mod:`lead.stitches` types its
+``confidence_head`` with it, and :mod:`lead.confidence` fits it (the protocol is in that
+module's docstring) and re-exports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lead.batch_invariance import forward_batch_invariant
+from lead.errors import ShapeMismatchError, StitchFormatError
+
+__all__ = [
+    "CONFIDENCE_METHOD",
+    "CONFIDENCE_VERSION",
+    "N_FEATURES",
+    "ConfidenceHead",
+    "check_head",
+    "head_from_config",
+]
+
+CONFIDENCE_METHOD = "bootstrap-ridge-disagreement+isotonic"
+CONFIDENCE_VERSION = 1
+#: Number of the scalar features (see :mod:`lead.confidence`).
+N_FEATURES = 5
+_TINY = 1e-12
+
+
+class ConfidenceHead(nn.Module):
+    """Calibrated per-row confidence and an out-of-distribution flag (buffers only, float32).
+
+    Parameters
+    ----------
+    d_src, d_tgt : int
+        The stitch's dimensions.
+    rank : int
+        Columns of the disagreement factor and of the principal basis (``<= d_src + 1``).
+    knots : int
+        Number of calibration knots (``>= 2``).
+
+    Notes
+    -----
+    Buffers (names as saved, after the ``confidence.`` prefix), float32 whatever dtype the
+    stitch is moved to: ``source_mean`` (d_src,), ``target_mean`` (d_tgt,),
+    ``projection`` (d_src, 2 rank + 1) holding ``[G_x | P | beta_x]`` (disagreement factor,
+    whitened least-variance axes, linear term in ``x``), ``disagreement_offset`` (rank,)
+    the intercept row of ``G``, ``feature_weight`` (N_FEATURES,), ``bias`` (1,),
+    ``knots_x`` / ``knots_y`` (knots,) and ``ood_threshold`` (1,).
+
+    With ``xc = x - source_mean``, ``p = xc @ projection``:
+    ``disagreement = |p[:, :k] + disagreement_offset|^2``, ``distance = |p[:, k:2k]|^2``,
+    ``raw = log(features) @ feature_weight + p[:, 2k] + bias``,
+    ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)`` and
+    ``out_of_distribution = distance > ood_threshold``.
+    """
+
+    def __init__(self, d_src: int, d_tgt: int, *, rank: int, knots: int) -> None:
+        super().__init__()
+        if min(d_src, d_tgt, rank) < 1 or knots < 2 or rank > d_src + 1:
+            raise ShapeMismatchError(
+                f"need positive dimensions, 1 <= rank <= d_src + 1 and knots >= 2, got "
+                f"d_src={d_src}, d_tgt={d_tgt}, rank={rank}, knots={knots}",
+                expected="valid head dimensions",
+                got=(d_src, d_tgt, rank, knots),
+            )
+        self.d_src, self.d_tgt, self.rank, self.knots = int(d_src), int(d_tgt), rank, knots
+        #: the calibration report (config.json ``confidence.report``)
+        self.report: dict[str, Any] = {}
+        shapes = {
+            "source_mean": (d_src,),
+            "target_mean": (d_tgt,),
+            "projection": (d_src, 2 * rank + 1),
+            "disagreement_offset": (rank,),
+            "feature_weight": (N_FEATURES,),
+            "bias": (1,),
+            "knots_x": (knots,),
+            "knots_y": (knots,),
+            "ood_threshold": (1,),
+        }
+        for name, shape in shapes.items():
+            self.register_buffer(name, torch.zeros(shape))
+        self.knots_x.copy_(torch.arange(knots, dtype=torch.float32))
+
+    source_mean: Tensor
+    target_mean: Tensor
+    projection: Tensor
+    disagreement_offset: Tensor
+    feature_weight: Tensor
+    bias: Tensor
+    knots_x: Tensor
+    knots_y: Tensor
+    ood_threshold: Tensor
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ConfidenceHead:
+        """Follow the stitch's device but stay float32 whatever dtype it moves to."""
+        device = fn(torch.zeros(1)).device
+        for name, buffer in self._buffers.items():
+            if buffer is not None:
+                self._buffers[name] = buffer.to(device=device, dtype=torch.float32)
+        return self
+
+    def get_config(self) -> dict[str, Any]:
+        """What ``config.json`` records under ``"confidence"``."""
+        return {
+            "method": CONFIDENCE_METHOD,
+            "version": CONFIDENCE_VERSION,
+            "rank": self.rank,
+            "knots": self.knots,
+            "report": self.report,
+        }
+
+    def _raw(self, x: Tensor, y_pred: Tensor) -> tuple[Tensor, Tensor]:
+        """(prediction before calibration, Mahalanobis distance), float32, row by row."""
+        k = self.rank
+        xc = x - self.source_mean.float()
+        proj = xc @ self.projection.float()
+        disagreement = (proj[:, :k] + self.disagreement_offset.float()).square().sum(dim=1)
+        distance = proj[:, k : 2 * k].square().sum(dim=1)
+        centred_sq = xc.square().sum(dim=1)
+        yc = y_pred - self.target_mean.float()
+        features = torch.stack(
+            [
+                disagreement,
+                distance,
+                centred_sq,
+                yc.square().sum(dim=1),
+                y_pred.square().sum(dim=1),
+            ],
+            dim=1,
+        )
+        raw = torch.log(features + _TINY) @ self.feature_weight.float() + proj[:, 2 * k]
+        raw = raw + self.bias.float()
+        return raw, distance
+
+    def _rows(self, xy: Tensor) -> Tensor:
+        raw, distance = self._raw(xy[:, : self.d_src], xy[:, self.d_src :])
+        return torch.stack([raw, distance], dim=1)
+
+    def score(self, x: Tensor, y_pred: Tensor) -> tuple[Tensor, Tensor]:
+        """Confidence and out-of-distribution flag of each translated row.
+
+        Parameters
+        ----------
+        x : Tensor of shape (n, d_src)
+            Exactly what the stitch's forward received (after the unit scaling of
+            :func:`lead.unit_input.normalize_input`), any floating dtype.
+        y_pred : Tensor of shape (n, d_tgt)
+            The stitch's output for ``x``.
+
+        Returns
+        -------
+        confidence : Tensor of shape (n,), float32 in [0, 1]
+            Calibrated estimate of ``cos(translation, native target vector)``; higher is
+            more trustworthy.
+        out_of_distribution : Tensor of shape (n,), bool
+            True where the input is far outside the stitch's training inputs.
+
+        Raises
+        ------
+        ShapeMismatchError
+            If the shapes do not match the head's dimensions.
+
+        Notes
+        -----
+        Batch-invariant: row ``i``'s answer is bit-identical whatever the other rows
+        (:func:`lead.batch_invariance.forward_batch_invariant`).
+        """
+        if (
+            x.ndim != 2
+            or y_pred.ndim != 2
+            or x.shape[1] != self.d_src
+            or y_pred.shape != (x.shape[0], self.d_tgt)
+        ):
+            raise ShapeMismatchError(
+                f"expected x (n, {self.d_src}) and y_pred (n, {self.d_tgt}), got "
+                f"{tuple(x.shape)} and {tuple(y_pred.shape)}",
+                expected=(self.d_src, self.d_tgt),
+                got=(tuple(x.shape), tuple(y_pred.shape)),
+            )
+        xy = torch.cat([x.float(), y_pred.float()], dim=1)
+        out = forward_batch_invariant(self._rows, xy)
+        knots_x, knots_y = self.knots_x.float(), self.knots_y.float()
+        confidence = _interp(out[:, 0], knots_x, knots_y).clamp(0.0, 1.0)
+        confidence = torch.nan_to_num(confidence, nan=0.0)
+        ood = ~(out[:, 1] <= self.ood_threshold.float())  # NaN counts as out of distribution
+        return confidence, ood
+
+
+def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
+    """``np.interp`` in torch: piecewise linear through ``(xp, fp)``, constant outside."""
+    idx = torch.searchsorted(xp, x.contiguous()).clamp(1, xp.shape[0] - 1)
+    x0, x1, y0, y1 = xp[idx - 1], xp[idx], fp[idx - 1], fp[idx]
+    t = ((x - x0) / (x1 - x0).clamp_min(1e-12)).clamp(0.0, 1.0)
+    return y0 + t * (y1 - y0)
+
+
+def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
+    """An empty head shaped as a ``config.json`` ``"confidence"`` block says.
+
+    Raises
+    ------
+    StitchFormatError
+        If the block is not an object with this method, version, and integer ``rank`` and
+        ``knots`` that fit the stitch.
+    """
+    if not isinstance(config, dict):
+        raise StitchFormatError("config 'confidence' must be an object")
+    if config.get("method") != CONFIDENCE_METHOD or config.get("version") != CONFIDENCE_VERSION:
+        raise StitchFormatError(
+            f"unsupported confidence method {config.get('method')!r} version "
+            f"{config.get('version')!r} (this lead reads {CONFIDENCE_METHOD!r} version "
+            f"{CONFIDENCE_VERSION})"
+        )
+    rank, knots = config.get("rank"), config.get("knots")
+    for name, value in (("rank", rank), ("knots", knots)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StitchFormatError(f"config confidence.{name} must be an integer, got {value!r}")
+    assert isinstance(rank, int) and isinstance(knots, int)
+    report = config.get("report", {})
+    if not isinstance(report, dict):
+        raise StitchFormatError("config confidence.report must be an object")
+    try:
+        head = ConfidenceHead(d_src, d_tgt, rank=rank, knots=knots)
+    except ShapeMismatchError as error:
+        raise StitchFormatError(f"bad confidence block: {error}") from None
+    head.report = dict(report)
+    return head
+
+
+def check_head(head: ConfidenceHead) -> None:
+    """Check loaded buffers: the knots increase strictly.
+
+    Raises
+    ------
+    StitchFormatError
+        If ``knots_x`` is not strictly increasing.
+    """
+    if not bool((head.knots_x[1:] > head.knots_x[:-1]).all()):
+        raise StitchFormatError("tensor 'confidence.knots_x' must be strictly increasing")

@@ -1,0 +1,525 @@
+"""Per-vector confidence of a translation, and a flag for inputs far from the training data.
+
+A :class:`ConfidenceHead` rides on a stitch (``stitch.confidence_head``) and answers, for
+each translated row, an estimate in [0, 1] of the cosine between the translation and the
+vector the target model itself would give, plus whether the input lies far outside the
+stitch's training inputs. It holds buffers only and costs one small matrix product per
+batch: no second forward of the stitch, no stored training rows.
+
+Protocol of :func:`fit_confidence` (float64, on the rows as the stitch sees them, i.e.
+after :func:`lead.unit_input.normalize_input`):
+
+1. on the training rows: 5 bootstrap ridge maps ``[x - mu, 1] -> y``; their disagreement
+   ``M = mean_b D_b D_b^T`` (``D_b`` = member minus the members' mean) is kept as a rank-k
+   factor ``G`` (``x~^T M x~ ~= |x~ G|^2``); the Ledoit-Wolf-shrunk covariance of the
+   training inputs gives a Mahalanobis distance along its k least-variance axes, where
+   inputs unlike the training ones (garbage, another model's vectors) stand out;
+2. features of a row: ``log`` of the disagreement, of the distance, of ``|x - mu|^2``, of
+   ``|y_pred - target_mean|^2`` and of ``|y_pred|^2``, plus the centred ``x`` itself (a
+   linear term; one in ``y_pred`` as well measured no better);
+3. stage 1, on (up to 20,000) training rows: a ridge predictor of the cosine of a 5-fold
+   cross-fitted ridge translation (the stitch's own are in-sample there) from the features
+   and the linear term; stage 2, on the held-out rows: a ridge predictor of the true
+   ``cos(y_pred, y)`` from stage 1's score, the features and the centred ``x`` (penalties
+   by leave-one-out, the scalar features barely penalised). Both stages are linear, so the
+   head stores one linear function. Stage 2 is cross-fitted over 5 folds of the held-out
+   rows, and the reported Spearman is over those out-of-fold predictions;
+4. isotonic regression (pool-adjacent-violators) of the true cosine on the out-of-fold
+   predictions, kept as knots at the blocks' centroids and applied by linear interpolation
+   (increasing, calibrated); clipped to [0, 1];
+5. the OOD threshold: :data:`OOD_MARGIN` times the 99.9th percentile of the distance over
+   the training rows (or over the held-out rows, when higher: few training rows make
+   the training distances optimistic).
+
+References: bootstrap disagreement as an error estimate (Lakshminarayanan et al., 2017,
+arXiv:1612.01474); Mahalanobis OOD scores (Lee et al., 2018, arXiv:1807.03888); isotonic
+calibration (Zadrozny and Elkan, 2002).
+
+>>> import torch
+>>> head = ConfidenceHead(4, 3, rank=2, knots=2)
+>>> confidence, ood = head.score(torch.eye(4)[:2], torch.ones(2, 3))
+>>> confidence.shape, ood.dtype
+(torch.Size([2]), torch.bool)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lead._confidence_head import (
+    _TINY,
+    CONFIDENCE_METHOD,
+    CONFIDENCE_VERSION,
+    N_FEATURES,
+    ConfidenceHead,
+    check_head,
+    head_from_config,
+)
+from lead.batch_invariance import forward_batch_invariant
+from lead.errors import InvalidInputError, ShapeMismatchError, TooFewPairsError
+
+if TYPE_CHECKING:
+    from lead.stitches import Stitch
+
+__all__ = [
+    "CONFIDENCE_METHOD",
+    "CONFIDENCE_VERSION",
+    "MIN_HELD_OUT_ROWS",
+    "ConfidenceHead",
+    "attach_confidence",
+    "check_head",
+    "fit_confidence",
+    "head_from_config",
+    "translate_with_confidence",
+]
+
+#: Fewest held-out rows :func:`fit_confidence` calibrates on.
+MIN_HELD_OUT_ROWS = 50
+#: The OOD threshold is this times the 99.9th percentile of the training rows' distance.
+OOD_MARGIN = 1.5
+_BOOTSTRAPS = 5
+_MEMBER_ALPHA = 0.1
+_FOLDS = 5
+#: Most training rows that stage 1 of the predictor uses.
+_STAGE1_ROWS = 20000
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+
+    def ranks(v: np.ndarray) -> np.ndarray:
+        _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
+        ends = np.cumsum(counts)
+        return np.asarray((ends - (counts - 1) / 2.0)[inverse], dtype=np.float64)
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(np.sqrt((ra @ ra) * (rb @ rb)))
+    return float(ra @ rb / denom) if denom > 0 else 0.0
+
+
+def _pav(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Isotonic (increasing) regression of ``y`` on ``x`` by pool-adjacent-violators.
+
+    Returns the blocks' centroids in ``x`` and their fitted values, both increasing
+    (blocks with equal values merged), at least two knots.
+    """
+    order = np.argsort(x, kind="stable")
+    xs, ys = x[order], y[order]
+    values: list[float] = []
+    weights: list[float] = []
+    sums_x: list[float] = []
+    for xi, yi in zip(xs, ys, strict=True):
+        values.append(float(yi))
+        weights.append(1.0)
+        sums_x.append(float(xi))
+        while len(values) > 1 and values[-2] >= values[-1]:
+            w = weights[-2] + weights[-1]
+            values[-2] = (values[-2] * weights[-2] + values[-1] * weights[-1]) / w
+            weights[-2] = w
+            sums_x[-2] += sums_x[-1]
+            del values[-1], weights[-1], sums_x[-1]
+    knots_x = np.asarray(sums_x) / np.asarray(weights)
+    knots_y = np.asarray(values)
+    if len(knots_x) < 2:  # constant: two knots at the ends
+        knots_x = np.array([xs[0], xs[-1] + 1e-6])
+        knots_y = np.array([knots_y[0], knots_y[0]])
+    return knots_x, knots_y
+
+
+def _ridge(A: np.ndarray, t: np.ndarray, alpha: float) -> np.ndarray:
+    """Ridge weights of ``t ~ A`` with penalty ``alpha`` on every column."""
+    gram = A.T @ A + alpha * np.eye(A.shape[1])
+    return np.asarray(np.linalg.solve(gram, A.T @ t))
+
+
+#: Penalties tried for the predictor's linear terms (chosen by leave-one-out error).
+_ALPHAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+#: Relative penalty of the scalar features (barely penalised).
+_FEATURE_PENALTY = 1e-3
+
+
+def _predictor(
+    A: np.ndarray, t: np.ndarray, features: int = N_FEATURES
+) -> tuple[np.ndarray, float]:
+    """Ridge predictor of ``t`` from ``A`` (features first), penalty by leave-one-out.
+
+    The first ``features`` columns are penalised :data:`_FEATURE_PENALTY` times less than
+    the others; the intercept is not penalised. Returns (weights, intercept).
+    """
+    a_mean, t_mean = A.mean(axis=0), float(t.mean())
+    relative = np.ones(A.shape[1])
+    relative[:features] = _FEATURE_PENALTY
+    B = (A - a_mean) / np.sqrt(relative)
+    tc = t - t_mean
+    U, s, Vt = np.linalg.svd(B, full_matrices=False)
+    Ut = U.T @ tc
+    best, best_error = _ALPHAS[0], np.inf
+    for alpha in _ALPHAS:
+        shrink = s**2 / (s**2 + alpha)
+        fitted = U @ (shrink * Ut)
+        hat = (U**2 @ shrink) + 1.0 / len(t)
+        error = float(np.mean(((tc - fitted) / np.clip(1 - hat, 1e-6, None)) ** 2))
+        if error < best_error:
+            best, best_error = alpha, error
+    coef = Vt.T @ (s / (s**2 + best) * Ut) / np.sqrt(relative)
+    return coef, t_mean - float(a_mean @ coef)
+
+
+def _crossfit_ridge(X: np.ndarray, Y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Out-of-fold ridge translations of the rows of ``X`` (:data:`_FOLDS` folds)."""
+    out = np.empty((len(X), Y.shape[1]))
+    for held in np.array_split(rng.permutation(len(X)), _FOLDS):
+        keep = np.setdiff1d(np.arange(len(X)), held)
+        mx, my = X[keep].mean(axis=0), Y[keep].mean(axis=0)
+        W = _ridge(X[keep] - mx, Y[keep] - my, _MEMBER_ALPHA)
+        out[held] = (X[held] - mx) @ W + my
+    return out
+
+
+def _shrunk_covariance(Xc: np.ndarray) -> np.ndarray:
+    """Ledoit-Wolf shrinkage of the covariance of centred rows ``Xc`` (floor 1e-3).
+
+    References
+    ----------
+    .. [1] Ledoit, O. and Wolf, M. (2004). A well-conditioned estimator for
+       large-dimensional covariance matrices. Journal of Multivariate Analysis 88(2).
+    """
+    n, d = Xc.shape
+    S = Xc.T @ Xc / n
+    m = float(np.trace(S)) / d
+    d2 = float(((S - m * np.eye(d)) ** 2).sum()) / d
+    b_bar = float(((Xc**2).sum(axis=1) ** 2).sum() - n * (S**2).sum()) / (n**2 * d)
+    shrink = min(max(min(b_bar, d2) / d2 if d2 > 0 else 1.0, 1e-3), 1.0)
+    return np.asarray((1 - shrink) * S + shrink * m * np.eye(d))
+
+
+class _Basis:
+    """The fitted quadratic forms and the feature computation, in float64 (fit time)."""
+
+    def __init__(self, X: np.ndarray, Y: np.ndarray, rank: int, seed: int) -> None:
+        n, d = X.shape
+        rng = np.random.default_rng(seed)
+        self.mu = X.mean(axis=0)
+        Xc = X - self.mu
+        Xa = np.concatenate([Xc, np.ones((n, 1))], axis=1)
+        Yc = Y - Y.mean(axis=0)
+        members = []
+        for _ in range(_BOOTSTRAPS):
+            rows = rng.integers(0, n, n)
+            members.append(_ridge(Xa[rows], Yc[rows], _MEMBER_ALPHA))
+        W = np.stack(members)
+        D = W - W.mean(axis=0)
+        M = np.einsum("bij,bkj->ik", D, D) / _BOOTSTRAPS  # (d + 1, d + 1)
+        values, vectors = np.linalg.eigh(M)
+        top = np.argsort(values)[::-1][:rank]
+        G = vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
+        self.G, self.g0 = G[:d], G[d]
+        # the Mahalanobis distance along the least-variance axes: where inputs unlike the
+        # training ones stand out (garbage, another model's vectors)
+        variances, axes = np.linalg.eigh(_shrunk_covariance(Xc))
+        self.P = axes[:, :rank] / np.sqrt(variances[:rank])
+
+    def features(self, X: np.ndarray, P: np.ndarray, target_mean: np.ndarray) -> np.ndarray:
+        """(n, N_FEATURES) log features; the second is the log distance."""
+        Xc = X - self.mu
+        dis = ((Xc @ self.G + self.g0) ** 2).sum(axis=1)
+        dist = ((Xc @ self.P) ** 2).sum(axis=1)
+        centred = (Xc**2).sum(axis=1)
+        pc = ((P - target_mean) ** 2).sum(axis=1)
+        pn = (P**2).sum(axis=1)
+        return np.log(np.stack([dis, dist, centred, pc, pn], axis=1) + _TINY)
+
+    def distance(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray((((X - self.mu) @ self.P) ** 2).sum(axis=1))
+
+
+def _design(feats: np.ndarray, Xc: np.ndarray, scale: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    mean, std = scale
+    return np.concatenate([(feats - mean) / std, Xc], axis=1)
+
+
+def _inputs(stitch: Stitch, X: Any, name: str) -> np.ndarray:
+    """The rows as the stitch's forward sees them (unit scaling applied), float64 numpy."""
+    from lead._validation import as_matrix
+    from lead.unit_input import normalize_input
+
+    param = next(stitch.parameters())
+    x = as_matrix(X, name=name, dtype=param.dtype).to(param.device)
+    if x.shape[1] != stitch.d_src:
+        raise ShapeMismatchError(
+            f"{name} has {x.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
+            expected=stitch.d_src,
+            got=x.shape[1],
+            param=name,
+        )
+    x, _ = normalize_input(stitch, x, param=name)
+    return np.asarray(x.double().cpu().numpy())
+
+
+def _outputs(stitch: Stitch, X: np.ndarray) -> np.ndarray:
+    """The stitch's translations of rows already scaled, float64 numpy."""
+    from lead._apply import apply_stitch
+
+    return np.asarray(apply_stitch(stitch, X).cpu().numpy())
+
+
+def fit_confidence(
+    stitch: Stitch,
+    X_train: Any,
+    Y_train: Any,
+    X_held: Any,
+    Y_held: Any,
+    *,
+    seed: int = 0,
+    rank: int = 64,
+) -> dict[str, Any]:
+    """Fit a :class:`ConfidenceHead` for ``stitch`` and attach it (``stitch.confidence_head``).
+
+    Parameters
+    ----------
+    stitch : Stitch
+        A fitted stitch (not changed except for its ``confidence_head``).
+    X_train, Y_train : array or Tensor of shape (n, d_src) and (n, d_tgt)
+        The rows the stitch was fitted on (bootstrap members, principal axes, OOD threshold).
+    X_held, Y_held : array or Tensor of shape (m, d_src) and (m, d_tgt)
+        Held-out pairs, ``m >= MIN_HELD_OUT_ROWS``: the predictor and its calibration are
+        fitted on their true ``cos(stitch(x), y)``.
+    seed : int, default 0
+        Seed of the bootstrap and of the folds.
+    rank : int, default 64
+        Rank of the disagreement factor and of the principal basis.
+
+    Returns
+    -------
+    dict
+        The report also stored in ``config.json``: ``method``, ``version``,
+        ``spearman_in_domain`` (Spearman of the out-of-fold calibrated confidence with the
+        true cosine over the held-out rows, higher is better, 1 best),
+        ``spearman_raw`` (same, before calibration), ``held_out_rows``, ``train_rows``,
+        ``ood_threshold``, ``train_ood_fraction`` and ``held_out_ood_fraction``.
+
+    Raises
+    ------
+    TooFewPairsError
+        Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows, or fewer training rows than
+        ``rank + 2``.
+    ShapeMismatchError
+        If the shapes do not match the stitch or each other.
+    """
+    Xt = _inputs(stitch, X_train, "X_train")
+    Xh = _inputs(stitch, X_held, "X_held")
+    Ph = _outputs(stitch, Xh)
+    Yt = _as_numpy(Y_train, "Y_train", len(Xt), stitch.d_tgt)
+    Yh = _as_numpy(Y_held, "Y_held", len(Xh), stitch.d_tgt)
+    if len(Xh) < MIN_HELD_OUT_ROWS:
+        raise TooFewPairsError(
+            f"a confidence head needs at least {MIN_HELD_OUT_ROWS} held-out pairs, got {len(Xh)}",
+            minimum=MIN_HELD_OUT_ROWS,
+            got=len(Xh),
+        )
+    rank = min(rank, stitch.d_src)
+    if len(Xt) < rank + 2:
+        raise TooFewPairsError(
+            f"a confidence head needs at least {rank + 2} training pairs, got {len(Xt)}",
+            minimum=rank + 2,
+            got=len(Xt),
+        )
+    basis = _Basis(Xt, Yt, rank, seed)
+    target_mean = Yt.mean(axis=0)
+    rng = np.random.default_rng(seed + 1)
+    # stage 1, on the training rows: cross-fitted ridge translations stand in for the
+    # stitch's (whose own are in-sample there); their cosines teach the linear terms
+    rows = rng.permutation(len(Xt))[:_STAGE1_ROWS]
+    proxy = _crossfit_ridge(Xt[rows], Yt[rows], rng)
+    if stitch.normalize_output:
+        proxy /= np.linalg.norm(proxy, axis=1, keepdims=True).clip(1e-12)
+    feats = basis.features(Xt[rows], proxy, target_mean)
+    scale = (feats.mean(axis=0), feats.std(axis=0) + 1e-9)
+    A1 = _design(feats, Xt[rows] - basis.mu, scale)
+    stage1 = _predictor(A1, _cosines(proxy, Yt[rows]))
+    # stage 2, on the held-out rows: the stitch's true cosines from stage 1's score and
+    # the scalar features (out-of-fold, so that the report is honest)
+    fh = basis.features(Xh, Ph, target_mean)
+    first = _design(fh, Xh - basis.mu, scale) @ stage1[0] + stage1[1]
+    A = np.concatenate([first[:, None], (fh - scale[0]) / scale[1], Xh - basis.mu], axis=1)
+    truth = _cosines(Ph, Yh)
+    folds = np.array_split(rng.permutation(len(A)), _FOLDS)
+    oof = np.empty(len(A))
+    for held in folds:
+        keep = np.setdiff1d(np.arange(len(A)), held)
+        coef, intercept = _predictor(A[keep], truth[keep], features=N_FEATURES + 1)
+        oof[held] = A[held] @ coef + intercept
+    knots_x, knots_y = _pav(oof, truth)
+    coef2, intercept2 = _predictor(A, truth, features=N_FEATURES + 1)
+    # fold both stages into one linear function of the features and the linear terms
+    coef = stage1[0] * coef2[0]
+    coef[:N_FEATURES] += coef2[1 : N_FEATURES + 1]
+    coef[N_FEATURES : N_FEATURES + stitch.d_src] += coef2[N_FEATURES + 1 :]
+    beta = (coef, intercept2 + coef2[0] * stage1[1])
+    calibrated = np.clip(np.interp(oof, knots_x, knots_y), 0, 1)
+    train_distance, held_distance = basis.distance(Xt), basis.distance(Xh)
+    threshold = OOD_MARGIN * float(
+        max(np.quantile(train_distance, 0.999), np.quantile(held_distance, 0.999))
+    )
+    head = _head(stitch, basis, beta, scale, target_mean, knots_x, knots_y, threshold, rank)
+    head.report = {
+        "method": CONFIDENCE_METHOD,
+        "version": CONFIDENCE_VERSION,
+        "spearman_in_domain": round(_spearman(calibrated, truth), 4),
+        "spearman_raw": round(_spearman(oof, truth), 4),
+        "held_out_rows": len(Xh),
+        "train_rows": len(Xt),
+        "ood_threshold": threshold,
+        "train_ood_fraction": float(np.mean(train_distance > threshold)),
+        "held_out_ood_fraction": float(np.mean(held_distance > threshold)),
+        "folds": _FOLDS,
+        "seed": seed,
+    }
+    stitch.confidence_head = head.to(next(stitch.parameters()).device)
+    return dict(head.report)
+
+
+def attach_confidence(
+    stitch: Stitch,
+    X_train: Any,
+    Y_train: Any,
+    X_held: Any,
+    Y_held: Any,
+    *,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """:func:`fit_confidence` when there are enough rows, else nothing (``lead fit``, jobs).
+
+    Returns
+    -------
+    dict or None
+        The report, or None (and no head) with fewer than :data:`MIN_HELD_OUT_ROWS`
+        held-out rows or too few training rows.
+    """
+    try:
+        return fit_confidence(stitch, X_train, Y_train, X_held, Y_held, seed=seed)
+    except TooFewPairsError:
+        return None
+
+
+def _as_numpy(Y: Any, name: str, rows: int, dim: int) -> np.ndarray:
+    from lead._validation import as_matrix
+
+    out = as_matrix(Y, name=name, dtype=torch.float64).cpu().numpy()
+    if out.shape != (rows, dim):
+        raise ShapeMismatchError(
+            f"{name} must have shape ({rows}, {dim}), got {tuple(out.shape)}",
+            expected=(rows, dim),
+            got=tuple(out.shape),
+            param=name,
+        )
+    return np.asarray(out)
+
+
+def _cosines(P: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(P, axis=1) * np.linalg.norm(Y, axis=1)
+    return np.asarray((P * Y).sum(axis=1) / np.clip(norms, 1e-12, None))
+
+
+def _head(
+    stitch: Stitch,
+    basis: _Basis,
+    beta: tuple[np.ndarray, float],
+    scale: tuple[np.ndarray, np.ndarray],
+    target_mean: np.ndarray,
+    knots_x: np.ndarray,
+    knots_y: np.ndarray,
+    threshold: float,
+    rank: int,
+) -> ConfidenceHead:
+    d_src, d_tgt = stitch.d_src, stitch.d_tgt
+    mean, std = scale
+    coef, intercept = beta
+    w_feat = coef[:N_FEATURES] / std
+    w_x = coef[N_FEATURES:]
+    bias = intercept - float(w_feat @ mean)
+    head = ConfidenceHead(d_src, d_tgt, rank=rank, knots=len(knots_x))
+    values = {
+        "source_mean": basis.mu,
+        "target_mean": target_mean,
+        "projection": np.concatenate([basis.G, basis.P, w_x[:, None]], axis=1),
+        "disagreement_offset": basis.g0,
+        "feature_weight": w_feat,
+        "bias": [bias],
+        "knots_x": knots_x,
+        "knots_y": knots_y,
+        "ood_threshold": [threshold],
+    }
+    for name, value in values.items():
+        getattr(head, name).copy_(torch.as_tensor(np.asarray(value), dtype=torch.float32))
+    head.knots_x.copy_(_strictly_increasing(head.knots_x))
+    return head
+
+
+def _strictly_increasing(knots: Tensor) -> Tensor:
+    """Nudge float32 knots that rounding made equal so that they increase strictly."""
+    out = knots.clone()
+    for i in range(1, out.shape[0]):
+        if out[i] <= out[i - 1]:
+            out[i] = torch.nextafter(out[i - 1], torch.tensor(float("inf")))
+    return out
+
+
+def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """Translate ``x`` and score every row with the stitch's confidence head.
+
+    Parameters
+    ----------
+    stitch : Stitch
+        A stitch with a ``confidence_head`` (:func:`fit_confidence`).
+    x : array or Tensor of shape (n, d_src)
+        Source-model vectors (scaled to unit length first when the stitch was fitted on
+        unit-length vectors).
+
+    Returns
+    -------
+    y : Tensor of shape (n, d_tgt), float32, on the CPU
+        Bit-identical to the translation ``lead translate`` and the service give.
+    confidence : Tensor of shape (n,), float32 in [0, 1]
+    out_of_distribution : Tensor of shape (n,), bool
+
+    Raises
+    ------
+    InvalidInputError
+        If the stitch has no confidence head.
+    ShapeMismatchError, NonFiniteError, ZeroVectorError, NonFiniteOutputError
+        As :func:`lead.apply_stitch`.
+    """
+    from lead._validation import as_matrix
+    from lead.unit_input import normalize_input
+
+    head = stitch.confidence_head
+    if head is None:
+        raise InvalidInputError(
+            "this stitch has no confidence head; refit it with held-out rows "
+            "(lead fit attaches one by default) or call lead.confidence.fit_confidence",
+            param="stitch",
+        )
+    param = next(stitch.parameters())
+    source = as_matrix(x, name="x", dtype=param.dtype).to(param.device)
+    if source.shape[1] != stitch.d_src:
+        raise ShapeMismatchError(
+            f"x has {source.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
+            expected=stitch.d_src,
+            got=source.shape[1],
+            param="x",
+        )
+    with torch.inference_mode():
+        source, _ = normalize_input(stitch, source, param="x")
+        y = forward_batch_invariant(stitch, source)
+        from lead.errors import NonFiniteOutputError
+
+        if not bool(torch.isfinite(y).all()):
+            raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
+        confidence, ood = head.score(source, y)
+    return y.float().cpu(), confidence.cpu(), ood.cpu()

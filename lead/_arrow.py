@@ -67,9 +67,29 @@ def read_vectors(content: bytes) -> np.ndarray:
     ndarray of shape (n, d), float32
         Writable, in the stream's row order (all batches).
     """
+    return read_scored(content, scored=False)[0]
+
+
+def read_scored(
+    content: bytes, *, scored: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The ``embedding`` column of an Arrow IPC stream and, with ``scored``, its
+    ``confidence`` and ``out_of_distribution`` columns (``return_confidence=true``).
+
+    Returns
+    -------
+    vectors : ndarray of shape (n, d), float32
+    confidence : ndarray of shape (n,), float32, or None
+    out_of_distribution : ndarray of shape (n,), bool, or None
+    """
     pa = _pyarrow()
     table = pa.ipc.open_stream(content).read_all()
     column = table.column(VECTOR_COLUMN)
     d = column.type.list_size
     parts = [chunk.flatten().to_numpy().reshape(-1, d) for chunk in column.chunks]
-    return np.concatenate(parts) if parts else np.empty((0, d), np.float32)
+    vectors = np.concatenate(parts) if parts else np.empty((0, d), np.float32)
+    if not scored:
+        return vectors, None, None
+    confidence = table.column("confidence").to_numpy().astype(np.float32)
+    ood = table.column("out_of_distribution").to_numpy(zero_copy_only=False).astype(bool)
+    return vectors, confidence, ood

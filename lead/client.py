@@ -64,6 +64,7 @@ _SIMPLE_ERRORS: dict[str, type[le.LeadError]] = {
     "hub_error": le.HubError,
     "feature_disabled": le.FeatureDisabledError,
     "model_mismatch": le.ModelMismatchError,
+    "no_confidence": le.NoConfidenceError,
 }
 _BY_STATUS: dict[int, type[le.LeadError]] = {
     400: le.InvalidInputError,
@@ -136,6 +137,20 @@ def _error_from(response: httpx.Response) -> le.LeadError:
     exc.code = code  # type: ignore[attr-defined]
     exc.request_id = request_id  # type: ignore[attr-defined]
     return exc
+
+
+#: Translated rows, and with ``return_confidence`` their confidences and out-of-distribution
+#: flags (else None).
+_Scored = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
+def _naming(
+    stitch: str | None, source_model: str | None, target_model: str | None
+) -> dict[str, str]:
+    """The stitch by id, else the models (the server names what is missing)."""
+    models = {"source_model": source_model, "target_model": target_model}
+    naming = {"stitch": stitch} if stitch is not None else models
+    return {key: value for key, value in naming.items() if value is not None}
 
 
 def _shifted(exc: le.LeadError, start: int) -> le.LeadError:
@@ -480,6 +495,69 @@ class LeadClient:
         LeadError
             The subclass matching the server's error (see the module docstring).
         """
+        y, _, _ = self._translate(
+            vectors,
+            naming=_naming(stitch, source_model, target_model),
+            normalize=normalize,
+            format=format,
+            batch_size=batch_size,
+            retries=retries,
+            scored=False,
+        )
+        return y
+
+    def translate_with_confidence(
+        self,
+        vectors: Any,
+        *,
+        stitch: str | None = None,
+        source_model: str | None = None,
+        target_model: str | None = None,
+        normalize: bool = False,
+        format: Literal["json", "arrow"] = "json",
+        batch_size: int | None = None,
+        retries: int = 5,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`translate` with ``"return_confidence": true``: the vectors (the same bytes)
+        and, for each, the stitch's confidence and out-of-distribution flag.
+
+        Returns
+        -------
+        vectors : ndarray of shape (n, d_tgt), float32
+        confidence : ndarray of shape (n,), float32 in [0, 1]
+            The stitch's calibrated estimate of the cosine to the target model's own vector.
+        out_of_distribution : ndarray of shape (n,), bool
+
+        Raises
+        ------
+        NoConfidenceError
+            The stitch (or a stitch of the chain) has no confidence head.
+        ImportError, InvalidInputError, LeadError
+            As :meth:`translate`.
+        """
+        y, confidence, ood = self._translate(
+            vectors,
+            naming=_naming(stitch, source_model, target_model),
+            normalize=normalize,
+            format=format,
+            batch_size=batch_size,
+            retries=retries,
+            scored=True,
+        )
+        assert confidence is not None and ood is not None
+        return y, confidence, ood
+
+    def _translate(
+        self,
+        vectors: Any,
+        *,
+        naming: dict[str, str],
+        normalize: bool,
+        format: str,
+        batch_size: int | None,
+        retries: int,
+        scored: bool,
+    ) -> _Scored:
         if format not in ("json", "arrow"):
             raise le.InvalidInputError(
                 f"format must be 'json' or 'arrow', got {format!r}", param="format"
@@ -491,22 +569,27 @@ class LeadClient:
         if size < 1:
             raise le.InvalidInputError(f"batch_size must be at least 1, got {size}")
         send = self._translate_arrow if format == "arrow" else self._translate_json
-        # the stitch by id, else the models (the server names what is missing)
-        models = {"source_model": source_model, "target_model": target_model}
-        naming = {"stitch": stitch} if stitch is not None else models
-        naming = {key: value for key, value in naming.items() if value is not None}
-        parts: list[np.ndarray] = []
+        parts: list[_Scored] = []
         for start in range(0, max(len(rows), 1), size):
             chunk = rows[start : start + size]
 
-            def call(chunk: np.ndarray = chunk) -> np.ndarray:
-                return send(chunk, normalize=normalize, naming=naming)
+            def call(chunk: np.ndarray = chunk) -> _Scored:
+                return send(chunk, normalize=normalize, naming=naming, scored=scored)
 
             try:
                 parts.append(self._retrying(call, retries))
             except le.LeadError as exc:
                 raise _shifted(exc, start) from None
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        y = np.concatenate([part[0] for part in parts])
+        if not scored:
+            return y, None, None
+        return (
+            y,
+            np.concatenate([part[1] for part in parts if part[1] is not None]),
+            np.concatenate([part[2] for part in parts if part[2] is not None]),
+        )
 
     def _translate_limit(self, format: str, d_src: int) -> int:
         """The server's vectors per request for ``format`` (``GET /v1/info``, read once)."""
@@ -521,7 +604,7 @@ class LeadClient:
         return max(1, min(int(self._limits["max_vectors_arrow"]), by_bytes))
 
     @staticmethod
-    def _retrying(call: Callable[[], np.ndarray], retries: int) -> np.ndarray:
+    def _retrying(call: Callable[[], _Scored], retries: int) -> _Scored:
         for attempt in range(retries + 1):
             try:
                 return call()
@@ -535,22 +618,35 @@ class LeadClient:
         raise AssertionError("unreachable")
 
     def _translate_json(
-        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str]
-    ) -> np.ndarray:
-        body = {"input": encode_base64(rows), "encoding_format": "base64", "normalize": normalize}
+        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str], scored: bool
+    ) -> _Scored:
+        body: dict[str, Any] = {
+            "input": encode_base64(rows),
+            "encoding_format": "base64",
+            "normalize": normalize,
+        }
+        if scored:
+            body["return_confidence"] = True
         response = self._request("POST", "/v1/translate", json={**body, **naming})
-        return _decode_base64([item["embedding"] for item in response["data"]])
+        data = response["data"]
+        y = _decode_base64([item["embedding"] for item in data])
+        if not scored:
+            return y, None, None
+        confidence = np.array([item["confidence"] for item in data], dtype=np.float32)
+        return y, confidence, np.array([item["out_of_distribution"] for item in data], bool)
 
     def _translate_arrow(
-        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str]
-    ) -> np.ndarray:
+        self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str], scored: bool
+    ) -> _Scored:
         params = {**naming, "normalize": "true" if normalize else "false"}
+        if scored:
+            params["return_confidence"] = "true"
         headers = {**self._headers, "Content-Type": _arrow.ARROW_STREAM}
         content = _arrow.vectors_stream(rows)
         response = self.http.post("/v1/translate", content=content, params=params, headers=headers)
         if response.is_error:
             raise _error_from(response)
-        return _arrow.read_vectors(response.content)
+        return _arrow.read_scored(response.content, scored=scored)
 
     def align(
         self,

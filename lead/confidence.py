@@ -60,7 +60,11 @@ from lead._confidence_head import (
     head_from_config,
 )
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import InvalidInputError, ShapeMismatchError, TooFewPairsError
+from lead.errors import (
+    NoConfidenceError,
+    ShapeMismatchError,
+    TooFewPairsError,
+)
 
 if TYPE_CHECKING:
     from lead.stitches import Stitch
@@ -490,7 +494,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
 
     Raises
     ------
-    InvalidInputError
+    NoConfidenceError
         If the stitch has no confidence head.
     ShapeMismatchError, NonFiniteError, ZeroVectorError, NonFiniteOutputError
         As :func:`lead.apply_stitch`.
@@ -500,7 +504,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
 
     head = stitch.confidence_head
     if head is None:
-        raise InvalidInputError(
+        raise NoConfidenceError(
             "this stitch has no confidence head; refit it with held-out rows "
             "(lead fit attaches one by default) or call lead.confidence.fit_confidence",
             param="stitch",

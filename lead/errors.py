@@ -65,6 +65,7 @@ __all__ = [
     "LeadError",
     "LimitExceededError",
     "ModelMismatchError",
+    "NoConfidenceError",
     "NonFiniteError",
     "NonFiniteOutputError",
     "NotFoundError",
@@ -163,6 +164,10 @@ class DecodeError(InvalidInputError):
 
 class NotInvertibleError(InvalidInputError):
     """The inverse direction was asked of a stitch that is not invertible."""
+
+
+class NoConfidenceError(InvalidInputError):
+    """A per-vector confidence was asked of a stitch (or direction) that has none."""
 
 
 class ModelMismatchError(InvalidInputError):

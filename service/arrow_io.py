@@ -24,7 +24,7 @@ pyarrow's stream reader, each batch validated in full.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,9 @@ METADATA_KEY = b"lead"
 QUERY_OPTIONS = ("stitch", "source_model", "target_model", "direction", "normalize", "strict")
 
 _BOOLEANS = {"true": True, "false": False}
+_BOOLEAN_OPTIONS = ("normalize", "strict", "return_confidence")
+#: The answer's columns with ``return_confidence=true`` (appended after the request's).
+CONFIDENCE_COLUMNS = ("confidence", "out_of_distribution")
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def query_options(params: Iterable[tuple[str, str]]) -> TranslateOptions:
     for key, value in params:
         if key in fields:
             raise _query_error(key, "given more than once; give each option once", value)
-        fields[key] = _BOOLEANS.get(value, value) if key in ("normalize", "strict") else value
+        fields[key] = _BOOLEANS.get(value, value) if key in _BOOLEAN_OPTIONS else value
     if "encoding_format" in fields:
         raise _query_error(
             "encoding_format",
@@ -239,7 +242,13 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     return ArrowInput(schema, batches, column, vectors)
 
 
-def write_vectors(request: ArrowInput, y: np.ndarray, fields: dict[str, Any]) -> pa.Buffer:
+def write_vectors(
+    request: ArrowInput,
+    y: np.ndarray,
+    fields: dict[str, Any],
+    *,
+    scores: Sequence[np.ndarray] | None = None,
+) -> pa.Buffer:
     """The response stream: ``request``'s batches with ``y`` in the vector column.
 
     Parameters
@@ -250,25 +259,45 @@ def write_vectors(request: ArrowInput, y: np.ndarray, fields: dict[str, Any]) ->
         The translated vectors, row ``i`` for row ``i`` of the request.
     fields : dict
         The answer's other fields, written as JSON under :data:`METADATA_KEY`.
+    scores : (ndarray of shape (n,) float32, ndarray of shape (n,) bool), optional
+        Each row's confidence and out-of-distribution flag, appended as the columns
+        :data:`CONFIDENCE_COLUMNS` (``return_confidence=true``).
 
     Returns
     -------
     pyarrow.Buffer
         The Arrow IPC stream (the only copy of ``y`` made).
+
+    Raises
+    ------
+    InvalidInputError
+        If the request already has a column named as one of :data:`CONFIDENCE_COLUMNS`.
     """
     y = np.ascontiguousarray(y, dtype=np.float32)
     values = pa.Array.from_buffers(pa.float32(), y.size, [None, pa.py_buffer(y)])
     translated = pa.FixedSizeListArray.from_arrays(values, y.shape[1])
     name = request.schema.field(request.column).name
-    schema = request.schema.set(
-        request.column, pa.field(name, translated.type, nullable=False)
-    ).with_metadata({METADATA_KEY: orjson.dumps(fields)})
+    schema = request.schema.set(request.column, pa.field(name, translated.type, nullable=False))
+    extra: list[pa.Array] = []
+    if scores is not None:
+        taken = [c for c in CONFIDENCE_COLUMNS if c in schema.names]
+        if taken:
+            raise InvalidInputError(
+                f"the request has a column named {taken[0]!r}, which the answer's "
+                "confidence would overwrite; rename it",
+                param="return_confidence",
+            )
+        extra = [pa.array(scores[0], pa.float32()), pa.array(scores[1], pa.bool_())]
+        for column, array in zip(CONFIDENCE_COLUMNS, extra, strict=True):
+            schema = schema.append(pa.field(column, array.type, nullable=False))
+    schema = schema.with_metadata({METADATA_KEY: orjson.dumps(fields)})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         start = 0
         for batch in request.batches:
             columns = list(batch.columns)
             columns[request.column] = translated.slice(start, batch.num_rows)
+            columns += [array.slice(start, batch.num_rows) for array in extra]
             writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
             start += batch.num_rows
     return sink.getvalue()

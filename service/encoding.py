@@ -267,6 +267,42 @@ def render_embeddings(
     return b"".join(parts)
 
 
+def render_scored(
+    array: np.ndarray,
+    confidence: np.ndarray,
+    out_of_distribution: np.ndarray,
+    encoding_format: EncodingFormat,
+    *,
+    before: bytes = b"",
+    after: bytes = b"",
+) -> bytes:
+    """:func:`render_embeddings` with ``confidence`` and ``out_of_distribution`` in each row's
+    object (``"return_confidence": true``).
+
+    Parameters
+    ----------
+    array : ndarray of shape (n, d_tgt), float32
+    confidence : ndarray of shape (n,), float32 in [0, 1]
+    out_of_distribution : ndarray of shape (n,), bool
+    encoding_format : {"float", "base64"}
+    before, after : bytes
+    """
+    vectors: Any = array if encoding_format == "float" else _base64_rows(array)
+    items = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": vector if encoding_format == "float" else bytes(vector).decode(),
+            "confidence": float(score),
+            "out_of_distribution": bool(far),
+        }
+        for i, (vector, score, far) in enumerate(
+            zip(vectors, confidence, out_of_distribution, strict=True)
+        )
+    ]
+    return b"".join((before, orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY), after))
+
+
 @functools.cache
 def _row_openings(n: int) -> tuple[bytes, ...]:
     """``{"object":"embedding","index":i,"embedding":"`` for ``i < n``, a comma before all

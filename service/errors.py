@@ -68,6 +68,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.InvalidInputError: ErrorKind(400, _INVALID, "invalid_input"),
     le.DecodeError: ErrorKind(400, _INVALID, "decode_error"),
     le.NotInvertibleError: ErrorKind(422, _INVALID, "not_invertible"),
+    le.NoConfidenceError: ErrorKind(422, _INVALID, "no_confidence"),
     le.ModelMismatchError: ErrorKind(422, _INVALID, "model_mismatch"),
     le.ShapeMismatchError: ErrorKind(422, _INVALID, "shape_mismatch"),
     le.NonFiniteError: ErrorKind(422, _INVALID, "non_finite_input"),

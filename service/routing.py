@@ -22,7 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import NonFiniteOutputError, StitchFormatError, ZeroVectorError
+from lead.errors import (
+    NoConfidenceError,
+    NonFiniteOutputError,
+    StitchFormatError,
+    ZeroVectorError,
+)
 from lead.stitches import InvertibleStitch, Stitch, oriented, unit_rows
 from lead.unit_input import (
     count_rescaled,
@@ -186,7 +191,59 @@ class Route:
         NonFiniteOutputError
             If any output row has NaN or infinity (the row is named).
         """
+        return self._run(x, normalize=normalize, scored=False)[0]
+
+    def confidence_problem(self) -> str | None:
+        """Why the route cannot give a confidence per vector, or None when it can: every
+        stitch on it needs a confidence head (fitted with held-out pairs), and only the
+        forward direction has one."""
+        if self.inverse:
+            return "a confidence is given for the forward direction only"
+        missing = [e.id for e in self.entries if e.stitch.confidence_head is None]
+        if missing:
+            return (
+                f"stitch {missing[0]} has no confidence head (it was fitted without "
+                "held-out pairs, or before LEAD gave confidences); refit it with `lead fit`"
+            )
+        return None
+
+    def translate_scored(
+        self, x: np.ndarray, *, normalize: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`translate`, with a confidence and an out-of-distribution flag per row.
+
+        The vectors are the same bytes as :meth:`translate`'s. Each stitch's confidence
+        head scores the rows it receives and produces
+        (:meth:`lead.confidence.ConfidenceHead.score`); along a chain the confidences
+        multiply (each estimates a cosine to the native vector, and the errors compound)
+        and a row is out of distribution when any stitch finds it so.
+
+        Returns
+        -------
+        y : ndarray of shape (n, d_tgt), float32
+        confidence : ndarray of shape (n,), float32 in [0, 1]
+        out_of_distribution : ndarray of shape (n,), bool
+
+        Raises
+        ------
+        NoConfidenceError
+            If a stitch of the route has no confidence head, or for ``inverse``.
+        ZeroVectorError, NonFiniteOutputError
+            As :meth:`translate`.
+        """
+        problem = self.confidence_problem()
+        if problem is not None:
+            raise NoConfidenceError(problem, param="return_confidence")
+        y, confidence, ood = self._run(x, normalize=normalize, scored=True)
+        assert confidence is not None and ood is not None
+        return y, confidence, ood
+
+    def _run(
+        self, x: np.ndarray, *, normalize: bool, scored: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         zeros: list[tuple[int, Tensor]] = []
+        confidence: Tensor | None = None
+        ood: Tensor | None = None
         with torch.inference_mode():
             y = _to_device(x, self.device)
             for hop, entry in enumerate(self.entries):
@@ -200,11 +257,19 @@ class Route:
                     except ZeroVectorError as error:
                         raise self._zero_row(hop, error.row) from None
                 run = oriented(entry.stitch, inverse=self.inverse)[0]
-                y = forward_batch_invariant(run, y.to(entry.dtype))
+                source = y.to(entry.dtype)
+                y = forward_batch_invariant(run, source)
+                head = entry.stitch.confidence_head
+                if scored and head is not None:  # confidence_problem() checked every head
+                    score, far = head.score(source, y)
+                    confidence = score if confidence is None else confidence * score
+                    ood = far if ood is None else ood | far
             if normalize:
                 y = unit_rows(y)
-            out, masks = _to_host(y, [zero for _, zero in zeros])
-        for (hop, _), mask in zip(zeros, masks, strict=True):
+            extra = [] if confidence is None or ood is None else [confidence.float(), ood]
+            out, masks = _to_host(y, [zero for _, zero in zeros] + extra)
+        scores = masks[len(zeros) :]
+        for (hop, _), mask in zip(zeros, masks, strict=False):
             if mask.any():
                 raise self._zero_row(hop, int(np.flatnonzero(mask)[0]))
         if not np.isfinite(out).all():  # NumPy: ~10x faster than torch.isfinite on CPU
@@ -214,7 +279,9 @@ class Route:
                 "(are its values far outside the source model's range?)",
                 param=f"input[{row}]",
             )
-        return out
+        if not scores:
+            return out, None, None
+        return out, scores[0], scores[1]
 
     def _zero_row(self, hop: int, row: int) -> ZeroVectorError:
         """The error for ``input[row]`` reaching stitch number ``hop`` as a zero vector."""
@@ -282,6 +349,9 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
     if dtype == torch.float32:
         return stitch
     reduced = copy.deepcopy(stitch).to(dtype=dtype)
+    head = stitch.confidence_head
+    if head is not None:  # quadratic forms: kept in float32, whatever the stitch runs in
+        reduced.confidence_head = head
     directions = [False, True] if isinstance(stitch, InvertibleStitch) else [False]
     worst = 1.0
     with torch.inference_mode():

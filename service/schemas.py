@@ -94,6 +94,16 @@ class TranslateOptions(BaseModel):
         "`stitch`; a stitch that is not invertible gets 422 `not_invertible`.",
     )
 
+    return_confidence: bool = Field(
+        default=False,
+        strict=True,
+        description="Add `confidence` and `out_of_distribution` to each `data[i]`: the "
+        "stitch's calibrated estimate (in [0, 1]) of the cosine between the translation and "
+        "the target model's own vector, and whether the input lies far outside what the "
+        "stitch was fitted on. Forward direction only; a stitch fitted without held-out "
+        "pairs has no confidence head: 422 `no_confidence`.",
+    )
+
     @model_validator(mode="after")
     def _one_way_to_name_the_stitch(self) -> TranslateOptions:
         problem = stitch_naming_error(
@@ -137,6 +147,19 @@ class EmbeddingOut(BaseModel):
     index: int
     embedding: list[float] | str = Field(
         description="The translated vector: floats, or base64 of little-endian float32."
+    )
+    confidence: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description='With `"return_confidence": true` only: the stitch\'s calibrated estimate '
+        "of the cosine between this translation and the target model's own vector of the same "
+        "text (higher = more trustworthy).",
+    )
+    out_of_distribution: bool | None = Field(
+        default=None,
+        description='With `"return_confidence": true` only: the input lies far outside the '
+        "inputs the stitch was fitted on; its translation is a guess.",
     )
 
 
@@ -217,6 +240,13 @@ class StitchSummary(BaseModel):
         description='Runs backwards too: `"direction": "inverse"` on POST /v1/translate.'
     )
     normalize_output: bool
+    confidence: dict[str, Any] | None = Field(
+        default=None,
+        description='How far `"return_confidence": true` can be trusted on this stitch: the '
+        "Spearman correlation between its confidence and the true cosine on held-out pairs "
+        "(`spearman_score`), and how the head was calibrated; null when the stitch has no "
+        "confidence head (422 `no_confidence`).",
+    )
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")
     fit: dict[str, Any] = Field(

@@ -74,6 +74,7 @@ class TranslateFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     normalize: bool = False
     strict: bool = False
     direction: Literal["forward", "inverse"] = "forward"
+    return_confidence: bool = False
 
     def __post_init__(self) -> None:
         problem = stitch_naming_error(

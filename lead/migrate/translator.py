@@ -21,7 +21,13 @@ import torch
 
 from lead.artifacts import CONFIG_FILE, WEIGHTS_FILE, load_stitch, stitch_folder
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import InvalidInputError, NonFiniteOutputError, StitchNotFoundError, StoreError
+from lead.errors import (
+    InvalidInputError,
+    NoConfidenceError,
+    NonFiniteOutputError,
+    StitchNotFoundError,
+    StoreError,
+)
 from lead.stitches import Stitch, oriented
 from lead.unit_input import normalize_input
 
@@ -202,7 +208,7 @@ class LocalTranslator:
         return self.stitch.confidence_head is not None and not self.inverse
 
     def require_confidence(self) -> None:
-        """Raise :class:`~lead.errors.InvalidInputError` unless :attr:`has_confidence`."""
+        """Raise :class:`~lead.errors.NoConfidenceError` unless :attr:`has_confidence`."""
         if not self.has_confidence:
             raise _no_confidence(self.ref.name, self.inverse)
 
@@ -256,13 +262,13 @@ class LocalTranslator:
         pass
 
 
-def _no_confidence(name: str, inverse: bool) -> InvalidInputError:
+def _no_confidence(name: str, inverse: bool) -> NoConfidenceError:
     if inverse:
-        return InvalidInputError(
+        return NoConfidenceError(
             "confidence is only available translating forward, not with --inverse",
             param="confidence",
         )
-    return InvalidInputError(
+    return NoConfidenceError(
         f"stitch {name} has no confidence head: refit it with held-out rows (lead fit "
         "attaches one by default) or attach one with lead.confidence.fit_confidence",
         param="confidence",

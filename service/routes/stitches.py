@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 
 from lead.errors import StitchNotFoundError
 from lead.scorecard import CORE_METRICS
-from lead.stitches import InvertibleStitch
+from lead.stitches import InvertibleStitch, Stitch
 from service.deps import RegistryDep
 from service.errors import echo
 from service.jobs.deps import JobsDep
@@ -95,11 +95,17 @@ def stitch_out(entry: StitchEntry) -> StitchOut:
         architecture=stitch.architecture,
         invertible=isinstance(stitch, InvertibleStitch),
         normalize_output=stitch.normalize_output,
+        confidence=_confidence_report(stitch),
         origin=entry.origin,
         revision=entry.revision,
         fit=dict(info.fit),
         scorecard=info.scorecard,
     )
+
+
+def _confidence_report(stitch: Stitch) -> dict[str, Any] | None:
+    head = stitch.confidence_head
+    return None if head is None else dict(head.report)
 
 
 def stitch_summary(entry: StitchEntry) -> StitchSummary:

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import arrow_io
 from service.deps import TranslateContextDep, media_type, require_json_or_arrow
-from service.encoding import render_embeddings
+from service.encoding import render_embeddings, render_scored
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routes.translate_openapi import ARROW_ANSWER, REQUEST_BODY
@@ -95,12 +95,27 @@ def _render(
     return content
 
 
+def _render_scored(
+    options: TranslateFields, route: Route, x: np.ndarray, metrics: Metrics
+) -> bytes:
+    """Translate ``x`` with a confidence per vector and render the answer
+    (``"return_confidence": true``; never micro-batched)."""
+    y, confidence, ood = route.translate_scored(x, normalize=options.normalize)
+    rest = _answer_fields(route, route.rescaled(x), len(y))
+    before, after = b'{"object":"list","data":', b"," + orjson.dumps(rest)[1:]
+    content = render_scored(y, confidence, ood, options.encoding_format, before=before, after=after)
+    _count_vectors(metrics, route, len(y))
+    return content
+
+
 def _translate(
     body: bytes, registry: StitchRegistry, settings: Settings, metrics: Metrics
 ) -> bytes:
     """Decode, translate and render a large request in one go (in a worker thread)."""
     _use_torch_threads(settings)
     options, x, route = decode_request(body, registry, settings.max_vectors)
+    if options.return_confidence:
+        return _render_scored(options, route, x, metrics)
     y = route.translate(x, normalize=options.normalize)
     return _render(options, route, x, y, metrics)
 
@@ -117,9 +132,13 @@ def _translate_arrow(
     options = arrow_io.query_options(query)
     route = find_route(registry, options)
     request = arrow_io.read_vectors(body, route.d_src, settings.max_vectors_arrow)
-    y = route.translate(request.vectors, normalize=options.normalize)
+    scores = None
+    if options.return_confidence:
+        y, *scores = route.translate_scored(request.vectors, normalize=options.normalize)
+    else:
+        y = route.translate(request.vectors, normalize=options.normalize)
     fields = _answer_fields(route, route.rescaled(request.vectors), len(y))
-    content = arrow_io.write_vectors(request, y, fields)
+    content = arrow_io.write_vectors(request, y, fields, scores=scores)
     _count_vectors(metrics, route, len(y))
     return memoryview(content)
 
@@ -152,6 +171,11 @@ async def translate(
     `input_normalized` says so and `rescaled_inputs` counts the vectors that were not of unit
     length. An all-zero vector cannot be scaled: 422 `zero_vector`, naming `input[i]`.
 
+    `"return_confidence": true` adds `confidence` (in [0, 1]: the stitch's calibrated
+    estimate of the cosine between this translation and the target model's own vector) and
+    `out_of_distribution` (the input is far from what the stitch was fitted on) to each
+    `data[i]`; a stitch without a confidence head gets 422 `no_confidence`.
+
     Bulk: a body of type `application/vnd.apache.arrow.stream` (an Arrow IPC stream of
     float32 vectors, options in the query string) is answered with an Arrow IPC stream:
     raw float32 both ways, no JSON, up to `max_vectors_arrow` vectors per request.
@@ -180,8 +204,11 @@ async def translate(
         body = await _read_body(request)
     async with ctx.small_limiter.slot(settings.retry_after_seconds, weight=len(body)):
         options, x, route = decode_request(body, registry, settings.max_vectors)
-        y = await ctx.batcher.translate(route, x, normalize=options.normalize)
-        content = _render(options, route, x, y, metrics)
+        if options.return_confidence:
+            content = _render_scored(options, route, x, metrics)
+        else:
+            y = await ctx.batcher.translate(route, x, normalize=options.normalize)
+            content = _render(options, route, x, y, metrics)
     return Response(content, media_type="application/json")
 
 

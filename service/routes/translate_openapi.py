@@ -66,6 +66,7 @@ REQUEST_BODY: dict[str, Any] = {
             ("direction", {"type": "string", "enum": ["forward", "inverse"], "default": "forward"}),
             ("normalize", {"type": "boolean", "default": False}),
             ("strict", {"type": "boolean", "default": False}),
+            ("return_confidence", {"type": "boolean", "default": False}),
         )
     ],
 }
@@ -76,7 +77,8 @@ ARROW_ANSWER: dict[int | str, dict[str, Any]] = {
         "Arrow IPC stream of the request's batches (same rows, order and other columns) whose "
         "vector column holds `fixed_size_list<float32>[d_tgt]`, the other fields of the JSON "
         "answer (`model`, `stitch`, `input_normalized`, `rescaled_inputs`, `usage`) being the "
-        "JSON text of its schema metadata key `lead`.",
+        "JSON text of its schema metadata key `lead`; with `return_confidence=true` two "
+        "columns follow: `confidence` (float32) and `out_of_distribution` (bool).",
         "content": {ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}},
     }
 }

@@ -353,4 +353,12 @@ def test_openapi_documents_arrow(client: TestClient) -> None:
     assert ARROW in operation["responses"]["200"]["content"]
     assert "application/json" in operation["responses"]["200"]["content"]
     names = [p["name"] for p in operation["parameters"] if p["in"] == "query"]
-    assert names == ["stitch", "source_model", "target_model", "direction", "normalize", "strict"]
+    assert names == [
+        "stitch",
+        "source_model",
+        "target_model",
+        "direction",
+        "normalize",
+        "strict",
+        "return_confidence",
+    ]

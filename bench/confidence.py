@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lead.metrics import spearman_score
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 PAIRS = ("minilm-mpnet", "minilm-e5", "minilm-pml3", "e5-minilm", "mpnet-minilm")
@@ -41,12 +43,6 @@ def _split(n: int, shares: tuple[float, float], rng: np.random.Generator) -> lis
     perm = rng.permutation(n)
     a, b = int(n * shares[0]), int(n * (shares[0] + shares[1]))
     return [perm[:a], perm[a:b], perm[b:]]
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from lead.confidence import _spearman as spearman
-
-    return spearman(a, b)
 
 
 def _median_ms(fn: Any, repeat: int) -> float:
@@ -113,7 +109,7 @@ def run_pair(pair: str, methods: list[str], mixed: bool = False) -> dict[str, An
             y, conf, ood = translate_with_confidence(stitch, A)
             yn = y.double().numpy()
             cos = (yn * B).sum(1) / np.linalg.norm(yn, axis=1) / np.linalg.norm(B, axis=1)
-            row[f"spearman_{name}"] = round(_spearman(conf.numpy(), cos), 4)
+            row[f"spearman_{name}"] = round(spearman_score(conf.numpy(), cos), 4)
             row[f"ood_fraction_{name}"] = round(float(ood.float().mean()), 4)
             row[f"mean_abs_error_{name}"] = round(float(np.abs(conf.numpy() - cos).mean()), 4)
         garbage = torch.randn(1000, stitch.d_src)

@@ -40,6 +40,7 @@ import numpy as np
 
 from bench.common import log
 from bench.data import REPO, load_scifact, load_stsb
+from lead.metrics import spearman_score
 
 #: Bundled stitch id -> (source, target) model keys.
 BUNDLED = {
@@ -237,12 +238,6 @@ def progressive(
     return out
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(a, b).statistic)
-
-
 def out_of_domain(
     stitch_id: str,
     src: str,
@@ -298,10 +293,10 @@ def out_of_domain(
         "pairs": len(a),
         "neighbours": neighbours,
         "random_partners": random_partners,
-        "mixed_spearman_similarity": _spearman(cos(plain, T), native),
-        "mixed_calibrated_spearman_similarity": _spearman(cos(calibrated, T), native),
-        "source_model_spearman_similarity": _spearman(cos(S, S), native),
-        "bundled_stitch_mixed_spearman_similarity": _spearman(cos(seen, T), native),
+        "mixed_spearman_similarity": spearman_score(cos(plain, T), native),
+        "mixed_calibrated_spearman_similarity": spearman_score(cos(calibrated, T), native),
+        "source_model_spearman_similarity": spearman_score(cos(S, S), native),
+        "bundled_stitch_mixed_spearman_similarity": spearman_score(cos(seen, T), native),
         "bundled_stitch_note": "the bundled stitch was fitted with all STS-B sentences: in domain",
     }
     log(

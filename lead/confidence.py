@@ -65,6 +65,7 @@ from lead.errors import (
     ShapeMismatchError,
     TooFewPairsError,
 )
+from lead.metrics import spearman_score
 
 if TYPE_CHECKING:
     from lead.stitches import Stitch
@@ -90,20 +91,6 @@ _MEMBER_ALPHA = 0.1
 _FOLDS = 5
 #: Most training rows that stage 1 of the predictor uses.
 _STAGE1_ROWS = 20000
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-
-    def ranks(v: np.ndarray) -> np.ndarray:
-        _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
-        ends = np.cumsum(counts)
-        return np.asarray((ends - (counts - 1) / 2.0)[inverse], dtype=np.float64)
-
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = float(np.sqrt((ra @ ra) * (rb @ rb)))
-    return float(ra @ rb / denom) if denom > 0 else 0.0
 
 
 def _pav(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -374,8 +361,8 @@ def fit_confidence(
     head.report = {
         "method": CONFIDENCE_METHOD,
         "version": CONFIDENCE_VERSION,
-        "spearman_in_domain": round(_spearman(calibrated, truth), 4),
-        "spearman_raw": round(_spearman(oof, truth), 4),
+        "spearman_in_domain": round(spearman_score(calibrated, truth), 4),
+        "spearman_raw": round(spearman_score(oof, truth), 4),
         "held_out_rows": len(Xh),
         "train_rows": len(Xt),
         "ood_threshold": threshold,

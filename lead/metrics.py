@@ -18,6 +18,8 @@ singular directions of each centred set and need more pairs than directions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -53,10 +55,43 @@ __all__ = [
     "mutual_knn_score",
     "pwcca_score",
     "r2_score",
+    "spearman_score",
     "svcca_score",
     "top1_accuracy_score",
     "unbiased_cka_score",
 ]
+
+
+def spearman_score(a: Any, b: Any) -> float:
+    """Spearman's rank correlation of two score vectors (average ranks for ties).
+
+    Parameters
+    ----------
+    a, b : array_like of shape (n,)
+        Scores of the same ``n`` items (e.g. each translated vector's confidence and its
+        true cosine to the native vector).
+
+    Returns
+    -------
+    float
+        In [-1, 1]; 1 when the two order the items alike; 0 when either is constant.
+
+    References
+    ----------
+    .. [1] C. Spearman, "The proof and measurement of association between two things",
+       American Journal of Psychology 15(1), 72-101 (1904). doi:10.2307/1412159
+    """
+
+    def ranks(v: np.ndarray) -> np.ndarray:
+        _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
+        ends = np.cumsum(counts)
+        return np.asarray((ends - (counts - 1) / 2.0)[inverse], dtype=np.float64)
+
+    ra = ranks(np.asarray(a, dtype=np.float64).ravel())
+    rb = ranks(np.asarray(b, dtype=np.float64).ravel())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(np.sqrt((ra @ ra) * (rb @ rb)))
+    return float(ra @ rb / denom) if denom > 0 else 0.0
 
 
 def mean_squared_error(Y_true: Matrix, Y_pred: Matrix) -> float:

@@ -17,12 +17,12 @@ from lead.confidence import (
     MIN_HELD_OUT_ROWS,
     ConfidenceHead,
     _pav,
-    _spearman,
     fit_confidence,
     translate_with_confidence,
 )
 from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError, TooFewPairsError
 from lead.fitting import fit_stitch
+from lead.metrics import spearman_score
 from lead.migrate.translator import LocalTranslator
 from lead.stitches import Stitch
 from tests.conftest import SciFactSmall
@@ -69,7 +69,7 @@ def test_confidence_ranks_held_out_rows_by_their_true_cosine(
     true = _cosines(y, pairs["Yh"])
     # calibrated: the confidence estimates the cosine itself, not only its rank
     assert abs(float(confidence.double().mean()) - float(true.mean())) < 0.05
-    assert _spearman(confidence.numpy(), true) > 0.5
+    assert spearman_score(confidence.numpy(), true) > 0.5
     assert not bool(ood.any())  # real in-domain rows are not flagged
 
 

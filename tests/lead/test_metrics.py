@@ -283,3 +283,16 @@ def test_scoring_1000_pairs_of_768_dims_is_fast() -> None:
     # About 0.35 s on 2 idle cores; the bound only catches an algorithmic regression (a
     # Python loop over pairs takes minutes) without failing on a busy machine.
     assert elapsed < 10.0, f"{elapsed:.2f} s"
+
+
+def test_spearman_score_ranks_with_ties() -> None:
+    from lead.metrics import spearman_score
+
+    a = np.array([0.1, 0.4, 0.2, 0.9])
+    assert spearman_score(a, a**3) == pytest.approx(1.0)
+    assert spearman_score(a, -a) == pytest.approx(-1.0)
+    assert spearman_score(a, np.ones(4)) == 0.0
+    # ties get average ranks: [1, 2.5, 2.5, 4] against [1, 2, 3, 4]
+    assert spearman_score([1.0, 2.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(
+        0.9486833, abs=1e-6
+    )

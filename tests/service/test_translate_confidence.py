@@ -320,3 +320,22 @@ def test_a_json_body_refuses_return_confidence_in_the_query(
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["param"] == "return_confidence"
     assert _post(client, **body, return_confidence=True).status_code == 200
+
+
+def test_no_confidence_names_a_stitch_of_the_same_models_that_has_a_head(
+    scored_client: Callable[..., TestClient], fitted: Any, queries: dict[str, np.ndarray]
+) -> None:
+    """Models named, the preferred stitch without a head: the 422 said "refit it" although
+    another served stitch joins the same models with one; it names that stitch now."""
+    client = scored_client(["minilm-to-pml3", "minilm-to-pml3-scored"])
+    models = {"source_model": fitted.models["minilm"], "target_model": fitted.models["pml3"]}
+    x = queries["minilm"][:2].tolist()
+    assert _post(client, **models, input=x).json()["stitch"]["chain"] == ["minilm-to-pml3"]
+    refused = _post(client, **models, input=x, return_confidence=True)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "no_confidence"
+    assert (
+        "stitch minilm-to-pml3-scored joins the same models" in refused.json()["error"]["message"]
+    )
+    named = _post(client, stitch="minilm-to-pml3-scored", input=x, return_confidence=True)
+    assert named.status_code == 200, named.text

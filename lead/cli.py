@@ -380,6 +380,12 @@ def _translate(args: argparse.Namespace) -> int:
         raise InvalidInputError(
             "--confidence-output must be a .npy file", param="confidence_output"
         )
+    if args.confidence_output is not None and (
+        Path(args.confidence_output).resolve() == Path(args.output).resolve()
+    ):  # else one file would silently replace the other
+        raise InvalidInputError(
+            "--confidence-output must be another file than --output", param="confidence_output"
+        )
     # the same bytes as the service answers, whatever --batch-size (batch-invariant)
     translator = LocalTranslator(args.stitch, inverse=args.inverse, device=args.device)
     ref = translator.ref

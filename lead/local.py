@@ -15,19 +15,30 @@ the documents) → 0.933 (weighted: documents 1, training queries 1, STS-B sente
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lead._options import check_float_option, check_int_option
 from lead._validation import check_fitted, check_pairs
 from lead.errors import FitError, InvalidInputError, ShapeMismatchError
 from lead.stitches import LocalStitch, unit_rows
 
-__all__ = ["LOCAL_BASES", "check_local_options", "check_sample_weight", "fit_local"]
+__all__ = [
+    "LOCAL_BASES",
+    "check_local_memory",
+    "check_local_options",
+    "check_local_rows",
+    "check_sample_weight",
+    "fit_local",
+]
 
 #: The global maps :func:`fit_local` can start from.
 LOCAL_BASES = ("procrustes", "ridge")
+#: Neighbours averaged by default.
+DEFAULT_K = 10
 
 
 def check_sample_weight(sample_weight: Any, n: int) -> Tensor:
@@ -58,19 +69,11 @@ def check_sample_weight(sample_weight: Any, n: int) -> Tensor:
     return w * (n / w.sum())
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
-
-
 def check_local_options(
     *,
     base: Any = "procrustes",
     alpha: Any = 1e-2,
-    k: Any = 10,
+    k: Any = DEFAULT_K,
     temperature: Any = 0.05,
     strength: Any = 0.5,
     sink: Any = 0.6,
@@ -87,16 +90,37 @@ def check_local_options(
         raise InvalidInputError(
             f"base must be one of {', '.join(LOCAL_BASES)}, got {base!r}", param="base"
         )
-    for name, value in (("temperature", temperature), ("alpha", alpha)):
-        if not _number(value) or not 0 < value < float("inf"):
-            raise InvalidInputError(f"{name} must be a positive number", param=name)
+    # through lead._options: an integer beyond the float range is "not finite", not an
+    # OverflowError when the fit converts it (a failed job instead of a 422)
+    check_float_option(alpha, "alpha", minimum=0.0, inclusive=False)
+    check_float_option(temperature, "temperature", minimum=LocalStitch.MIN_TEMPERATURE)
     for name, value in (("strength", strength), ("sink", sink)):
-        if not _number(value) or abs(value) == float("inf"):
-            raise InvalidInputError(f"{name} must be a finite number", param=name)
-    if not _positive_int(k):
-        raise InvalidInputError("k must be a positive integer", param="k")
-    if max_memory is not None and not _positive_int(max_memory):
-        raise InvalidInputError("max_memory must be a positive integer", param="max_memory")
+        check_float_option(value, name, minimum=-math.inf)
+    check_int_option(k, "k", minimum=1)
+    if max_memory is not None:
+        check_int_option(max_memory, "max_memory", minimum=1)
+        check_local_memory(k, max_memory)
+
+
+def check_local_memory(k: int, memory: int, *, param: str = "k") -> None:
+    """Refuse ``k`` larger than the memory of ``memory`` rows (the training pairs with a
+    positive weight, at most ``max_memory``), before any work.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``k > memory``.
+    """
+    if k > memory:
+        raise InvalidInputError(f"k must be at most the memory size, {memory}", param=param)
+
+
+def check_local_rows(options: dict[str, Any], rows: int, *, param: str = "k") -> None:
+    """:func:`check_local_memory` for ``options`` (of :func:`fit_local`, checked by
+    :func:`check_local_options`) and ``rows`` training pairs of weight 1 (a job's)."""
+    k = options.get("k", DEFAULT_K)
+    max_memory = options.get("max_memory")
+    check_local_memory(k, rows if max_memory is None else min(rows, max_memory), param=param)
 
 
 def _global_map(Xc: Tensor, Yc: Tensor, w: Tensor, base: str, alpha: float) -> Tensor:
@@ -120,7 +144,7 @@ def fit_local(
     sample_weight: Any = None,
     base: str = "procrustes",
     alpha: float = 1e-2,
-    k: int = 10,
+    k: int = DEFAULT_K,
     temperature: float = 0.05,
     strength: float = 0.5,
     sink: float = 0.6,
@@ -203,8 +227,7 @@ def fit_local(
         tie = torch.rand(len(keep), generator=torch.Generator().manual_seed(seed))
         order = sorted(range(len(keep)), key=lambda i: (-float(w[keep[i]]), float(tie[i])))
         keep = keep[torch.tensor(order[:max_memory])].sort().values
-    if k > len(keep):
-        raise InvalidInputError(f"k must be at most the memory size, {len(keep)}", param="k")
+    check_local_memory(k, len(keep))
     mean_x = (w[:, None] * X).sum(dim=0) / w.sum()
     mean_y = (w[:, None] * Y).sum(dim=0) / w.sum()
     Xc, Yc = X - mean_x, Y - mean_y

@@ -331,6 +331,8 @@ class LocalStitch(Stitch):
     config_keys = ("memory", "k", "temperature", "strength", "sink")
     #: Rows scored against the memory at once (bounds the (rows, memory) score matrix).
     CHUNK = 1024
+    #: The smallest temperature: ``1 / temperature`` must stay far inside float32's range.
+    MIN_TEMPERATURE = 1e-6
 
     def __init__(
         self,
@@ -345,10 +347,18 @@ class LocalStitch(Stitch):
         **kwargs: Any,
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
-        if memory < 1 or not 1 <= k <= memory or not temperature > 0:
+        finite = all(math.isfinite(v) for v in (temperature, strength, sink))
+        if (
+            memory < 1
+            or not 1 <= k <= memory
+            or int(k) != k
+            or not finite
+            or not temperature >= self.MIN_TEMPERATURE
+        ):
             raise ShapeMismatchError(
-                f"need memory >= 1, 1 <= k <= memory and temperature > 0, got memory={memory}, "
-                f"k={k}, temperature={temperature}",
+                f"need memory >= 1, an integer 1 <= k <= memory, temperature >= "
+                f"{self.MIN_TEMPERATURE:g} and a finite strength and sink, got memory={memory}, "
+                f"k={k}, temperature={temperature}, strength={strength}, sink={sink}",
                 expected="memory >= k >= 1",
                 got=(memory, k),
             )
@@ -373,10 +383,14 @@ class LocalStitch(Stitch):
     def _correction(self, x_centred: Tensor) -> Tensor:
         x = unit_rows(x_centred.float() + self.source_mean.float())
         scores = x @ self.keys.float().T
-        top, index = scores.topk(self.k, dim=1)
+        top, index = scores.topk(self.k, dim=1)  # sorted: top[:, 0] is the largest
+        # the softmax shifted by each row's largest logit (neighbour or sink): no exponential
+        # overflows (a sink far above 1) and one is 1, so the total never underflows to 0
+        # (a small temperature far from the memory: 0 / 0)
+        shift = top[:, :1].clamp_min(self.sink)
         inverse_t = 1.0 / self.temperature
-        weights = torch.exp((top - 1.0) * inverse_t)
-        total = weights.sum(dim=1, keepdim=True) + math.exp((self.sink - 1.0) * inverse_t)
+        weights = torch.exp((top - shift) * inverse_t)
+        total = weights.sum(dim=1, keepdim=True) + torch.exp((self.sink - shift) * inverse_t)
         neighbours = self.values.float()[index]  # (n, k, d_tgt)
         return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1)
 

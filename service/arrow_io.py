@@ -58,7 +58,15 @@ VECTOR_COLUMN = "embedding"
 #: The response schema's metadata key whose value is the JSON text of the answer's fields.
 METADATA_KEY = b"lead"
 #: The options an Arrow request takes from its query string (a JSON body carries them).
-QUERY_OPTIONS = ("stitch", "source_model", "target_model", "direction", "normalize", "strict")
+QUERY_OPTIONS = (
+    "stitch",
+    "source_model",
+    "target_model",
+    "direction",
+    "normalize",
+    "strict",
+    "return_confidence",
+)
 
 _BOOLEANS = {"true": True, "false": False}
 _BOOLEAN_OPTIONS = ("normalize", "strict", "return_confidence")

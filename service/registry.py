@@ -17,6 +17,7 @@ import torch
 from lead.errors import (
     ConflictError,
     InvalidInputError,
+    NoConfidenceError,
     NotReadyError,
     ShapeMismatchError,
     StitchFormatError,
@@ -204,6 +205,28 @@ class StitchRegistry:
         """Served stitches, sorted by id."""
         with self._lock:
             return [self._entries[k] for k in sorted(self._entries)]
+
+    def check_confidence(self, route: Route) -> None:
+        """Refuse ``route`` for ``"return_confidence"`` unless every stitch on it has a
+        confidence head, naming a stitch that joins the same two models with one.
+
+        Raises
+        ------
+        NoConfidenceError
+            As :meth:`Route.confidence_problem`.
+        """
+        problem = route.confidence_problem()
+        if problem is None:
+            return
+        ends = (route.models[0], route.models[-1])
+        scored = [
+            e.id
+            for e in sorted(self.entries(), key=StitchEntry.preference)
+            if (e.source_model, e.target_model) == ends and e.stitch.confidence_head is not None
+        ]
+        if scored and not route.inverse:
+            problem += f'; stitch {scored[0]} joins the same models with one: name it in "stitch"'
+        raise NoConfidenceError(problem, param="return_confidence")
 
     def readiness(self) -> Readiness:
         with self._lock:

@@ -293,8 +293,14 @@ def find_route(registry: StitchRegistry, options: TranslateFields | TranslateOpt
     ------
     StitchNotFoundError, NotReadyError, NotInvertibleError, InvalidInputError
         As :meth:`StitchRegistry.route_for_id` and :meth:`StitchRegistry.route`.
+    NoConfidenceError
+        With ``return_confidence``, as :meth:`StitchRegistry.check_confidence`.
     """
     if options.stitch is not None:
-        return registry.route_for_id(options.stitch, inverse=options.direction == "inverse")
-    assert options.source_model is not None and options.target_model is not None
-    return registry.route(options.source_model, options.target_model, strict=options.strict)
+        route = registry.route_for_id(options.stitch, inverse=options.direction == "inverse")
+    else:
+        assert options.source_model is not None and options.target_model is not None
+        route = registry.route(options.source_model, options.target_model, strict=options.strict)
+    if options.return_confidence:  # before the vectors are decoded
+        registry.check_confidence(route)
+    return route

@@ -261,6 +261,9 @@ class JobManager:
             Unknown ``dataset``.
         DecodeError, ShapeMismatchError, NonFiniteError, LimitExceededError, TooFewPairsError
             Bad inline vectors, or too few pairs for the hold-out split.
+        InvalidInputError
+            Method ``local`` with ``k`` above its memory (the training pairs, at most
+            ``max_memory``).
         IllConditionedError
             Inline vectors whose column spreads are too far apart for float32.
         ConflictError
@@ -271,6 +274,8 @@ class JobManager:
             If a model's dimension disagrees with the served stitches (the stitch could not
             be registered).
         """
+        from lead.fitting import METHODS
+        from lead.local import check_local_rows
         from lead.splits import holdout_split
 
         request = body.model_dump(mode="json")
@@ -308,7 +313,10 @@ class JobManager:
                     "target_model": (body.target_model, d_tgt),
                 }
             )
-        holdout_split(pairs, body.holdout_fraction, body.seed)  # enough pairs on both sides?
+        # enough pairs on both sides?
+        train, _ = holdout_split(pairs, body.holdout_fraction, body.seed)
+        if METHODS[body.method] == "local":  # k within the memory: refused before training
+            check_local_rows(body.options, len(train), param="options.k")
         stitch_id = (
             body.stitch_id
             or f"{_slug(body.source_model)}-to-{_slug(body.target_model)}-{job_id[4:12]}"

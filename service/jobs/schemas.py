@@ -217,14 +217,17 @@ class JobCreate(PairsInput):
     method: str = Field(
         default="ridge",
         description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp`, "
-        "`invertible` (also runs backwards), `anchors` (zero-shot from a few pairs) or "
-        "`unsupervised` (fitted without the pairing; the held-out pairs only score it).",
+        "`invertible` (also runs backwards), `anchors` (zero-shot from a few pairs), "
+        "`unsupervised` (fitted without the pairing; the held-out pairs only score it) or "
+        "`local` (a global map plus the nearest training pairs' residuals).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
-        "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ... "
-        "Unknown names and bad values are refused at submission (422); a fit that fails "
+        "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ...; "
+        "local `k`, `base`, `temperature`, `strength`, `sink`, `max_memory`. "
+        "Unknown names and bad values are refused at submission (422; a local `k` above "
+        "the training pairs: 400 `invalid_input`); a fit that fails "
         "later (e.g. training that diverges) fails the job with a reason.",
     )
     holdout_fraction: float = Field(

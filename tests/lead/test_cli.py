@@ -444,6 +444,20 @@ def test_translate_refuses_confidence_without_a_head(
     assert "must be a .npy file" in capsys.readouterr().err
 
 
+def test_translate_refuses_one_file_for_vectors_and_confidences(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output y.npy --confidence-output ./y.npy`` wrote both to one file: the vectors
+    replaced the confidences, and the command said it had written both."""
+    out, _ = fitted
+    args = ["translate", str(out), "--input", f"{DATA}:minilm_queries"]
+    args += ["--output", str(tmp_path / "y.npy")]
+    args += ["--confidence-output", f"{tmp_path}/./y.npy"]
+    assert main(args) == 2
+    assert "another file than --output" in capsys.readouterr().err
+    assert not (tmp_path / "y.npy").exists()
+
+
 def test_fit_local_weighs_each_pair_of_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import InvalidInputError, ShapeMismatchError
+from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError
 from lead.fitting import fit_stitch
 from lead.local import fit_local
 from lead.stitches import LocalStitch, StitchInfo
@@ -100,10 +101,48 @@ def test_rows_are_batch_invariant_and_survive_save_and_load(
         assert torch.equal(whole, forward_batch_invariant(stitch, x))
 
 
+@pytest.mark.parametrize(("temperature", "sink"), [(1e-3, 0.6), (0.05, 100.0)])
+def test_far_inputs_stay_finite_whatever_the_temperature_and_sink(
+    temperature: float, sink: float
+) -> None:
+    """Every exponential of the softmax underflowed to 0 for an input far from the memory
+    with a small temperature (0 / 0: NaN at serve time, for a stitch that fitted), and a
+    sink far above 1 overflowed ``math.exp`` (the fit failed with 'math range error')."""
+    rng = np.random.default_rng(5)
+    X = np.abs(rng.normal(size=(100, 8)))
+    Y = X @ rng.normal(size=(8, 8)) + rng.normal(size=(100, 8))
+    stitch = fit_stitch(X, Y, "local", k=5, temperature=temperature, sink=sink)
+    far = torch.from_numpy(-np.abs(rng.normal(size=(4, 8)))).float()
+    with torch.no_grad():
+        corrected = stitch(far)
+        stitch.strength = 0.0
+        plain = stitch(far)
+    assert bool(torch.isfinite(corrected).all())
+    assert float((corrected - plain).abs().max()) < 1e-6
+
+
+def test_a_stitch_file_with_bad_local_settings_is_refused(
+    scifact_small: Any, tmp_path: Path
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:60], scifact_small.corpus["mpnet"][:60]
+    info = StitchInfo(source_model="a", target_model="b")
+    save_stitch(fit_stitch(X, Y, "local", info=info, k=5), tmp_path / "s")
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    for key, value in (("k", 2.5), ("sink", float("inf")), ("temperature", 1e-300)):
+        (tmp_path / "s" / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(StitchFormatError, match="cannot build a local stitch"):
+            load_stitch(tmp_path / "s")
+
+
 @pytest.mark.parametrize(
     ("options", "param"),
     [
         ({"k": 0}, "k"),
+        ({"temperature": 1e-7}, "temperature"),
+        ({"k": 10, "max_memory": 5}, "k"),
+        ({"temperature": 10**400}, "temperature"),  # float() raised OverflowError in the fit
+        ({"sink": 10**400}, "sink"),
+        ({"alpha": 10**400}, "alpha"),
         ({"k": 1.5}, "k"),
         ({"k": 500}, "k"),
         ({"base": "mlp"}, "base"),

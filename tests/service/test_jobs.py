@@ -613,6 +613,30 @@ def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_s
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
 
 
+def test_local_options_that_cannot_fit_are_refused_at_submission(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    """k above the memory (the 30 training pairs, or max_memory) and numbers beyond the
+    float range were accepted: the job failed in training instead of a 4xx up front."""
+    before = len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"])
+    for options, status, param in (
+        ({"k": 31}, 400, "options.k"),  # 40 pairs, a quarter held out: 30 in the memory
+        ({"k": 10, "max_memory": 5}, 422, "options"),
+        ({"temperature": 10**400}, 422, "options"),
+        ({"sink": 10**400}, 422, "options"),
+    ):
+        body = tiny_body(scifact_small, n=40, method="local", options=options)
+        r = jobs.post("/v1/jobs", json=body)
+        assert r.status_code == status, (options, r.text)
+        assert r.json()["error"]["param"] == param
+        assert str(10**400) not in r.text
+    assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
+    ok = jobs.post(
+        "/v1/jobs", json=tiny_body(scifact_small, n=40, method="local", options={"k": 30})
+    )
+    assert ok.status_code == 202, ok.text
+
+
 @pytest.mark.parametrize("depth", [20, 300, 900])
 def test_deeply_nested_options_are_a_clean_422(
     jobs: TestClient, scifact_small: Any, depth: int

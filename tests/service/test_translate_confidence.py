@@ -301,3 +301,41 @@ def test_lead_client_splits_and_keeps_each_row_s_confidence(
     assert whole[1].shape == (23,) and whole[2].dtype == bool
     with pytest.raises(NoConfidenceError, match="minilm-to-pml3"):
         lead.translate_with_confidence(x, stitch="minilm-to-pml3", format=format)  # type: ignore[arg-type]
+
+
+def test_a_json_body_refuses_return_confidence_in_the_query(
+    scored_client: Callable[..., TestClient], queries: dict[str, np.ndarray]
+) -> None:
+    """``?return_confidence=true`` beside a JSON body was ignored (an answer without
+    confidences, or with them despite ``=false``); like every option of Arrow bodies it is
+    a 422 naming it."""
+    client = scored_client([SCORED])
+    body = {"stitch": SCORED, "input": queries["minilm"][:1].tolist()}
+    for value, scored in (("true", False), ("false", True)):
+        refused = client.post(
+            "/v1/translate",
+            params={"return_confidence": value},
+            json={**body, "return_confidence": scored},
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["param"] == "return_confidence"
+    assert _post(client, **body, return_confidence=True).status_code == 200
+
+
+def test_no_confidence_names_a_stitch_of_the_same_models_that_has_a_head(
+    scored_client: Callable[..., TestClient], fitted: Any, queries: dict[str, np.ndarray]
+) -> None:
+    """Models named, the preferred stitch without a head: the 422 said "refit it" although
+    another served stitch joins the same models with one; it names that stitch now."""
+    client = scored_client(["minilm-to-pml3", "minilm-to-pml3-scored"])
+    models = {"source_model": fitted.models["minilm"], "target_model": fitted.models["pml3"]}
+    x = queries["minilm"][:2].tolist()
+    assert _post(client, **models, input=x).json()["stitch"]["chain"] == ["minilm-to-pml3"]
+    refused = _post(client, **models, input=x, return_confidence=True)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "no_confidence"
+    assert (
+        "stitch minilm-to-pml3-scored joins the same models" in refused.json()["error"]["message"]
+    )
+    named = _post(client, stitch="minilm-to-pml3-scored", input=x, return_confidence=True)
+    assert named.status_code == 200, named.text

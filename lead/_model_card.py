@@ -161,7 +161,8 @@ re-embedding them. Architecture: `{config["architecture"]}`; outputs are
 import torch
 from lead import load_stitch
 
-stitch = load_stitch("{name}")  # a local folder, or "org/name@revision" on the Hub
+# a local folder, or "org/name@revision" on the Hub
+stitch = load_stitch("{name}")
 with torch.no_grad():
     # source_vectors: (n, {source["dim"]}) -> target_like: (n, {target["dim"]})
     target_like = stitch(torch.as_tensor(source_vectors))

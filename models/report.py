@@ -40,6 +40,8 @@ def scorecards(candidates: dict[str, dict]) -> str:
     ]
     for stitch_id, entry in sorted(candidates.items()):
         for name in CANDIDATES:
+            if name not in entry["candidates"]:  # not fitted in the recorded build
+                continue
             card = entry["candidates"][name]["scorecard"]
             chosen = name == entry["chosen"]
             identity = card["baselines"].get("identity")
@@ -120,30 +122,59 @@ def retrieval(results: dict[str, dict]) -> str:
 
 
 def out_of_domain(candidates: dict[str, dict]) -> str:
-    """Mean cosine to the true target vectors on the 80 everyday test sentences."""
+    """On the 80 everyday test sentences: the mean cosine of the translated vectors to the
+    true target vectors, how well mixed-space similarities keep the target model's own
+    (Spearman over all sentence pairs, beside keeping the source model), and how well each
+    vector's confidence ranks the true cosines."""
+    import numpy as np
     import torch
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
     from lead import load_stitch
+    from lead.confidence import translate_with_confidence
+    from lead.metrics import spearman_score
 
     fixture = MODELS_DIR.parent / "tests" / "fixtures" / "everyday_sentences.safetensors"
     vectors = load_file(fixture)
     with safe_open(str(fixture), "np") as f:
         keys = {v: k for k, v in json.loads(f.metadata()["models"]).items()}
-    lines = [
-        _row(["stitch", "mean cosine to the true target vectors", "mean-estimator"]),
-        _row(["---"] * 3),
+    header = [
+        "stitch",
+        "mean cosine to the true target vectors",
+        "mean-estimator",
+        "mixed-space similarity ρ",
+        "keeping the source model ρ",
+        "confidence ρ",
+        "out of distribution",
     ]
+    lines = [_row(header), _row(["---"] * len(header))]
     for stitch_id in sorted(candidates):
         stitch = load_stitch(MODELS_DIR / stitch_id)
         src, tgt = keys[stitch.info.source_model], keys[stitch.info.target_model]
-        with torch.no_grad():
-            y = stitch(torch.from_numpy(vectors[src])).numpy()
+        S, T = vectors[src], vectors[tgt]
+        conf = ood = None
+        if stitch.confidence_head is not None:
+            y_t, conf_t, ood_t = translate_with_confidence(stitch, torch.from_numpy(S))
+            y, conf, ood = y_t.numpy(), conf_t.numpy(), ood_t.numpy()
+        else:
+            with torch.no_grad():
+                y = stitch(torch.from_numpy(S)).numpy()
+        y = y / np.linalg.norm(y, axis=1, keepdims=True)
         mean = stitch.target_mean.numpy()
-        baseline = (vectors[tgt] @ (mean / (mean**2).sum() ** 0.5)).mean()
-        cosine = (y * vectors[tgt]).sum(axis=1).mean()
-        lines.append(_row([stitch_id, f"{cosine:.3f}", f"{baseline:.3f}"]))
+        baseline = (T @ (mean / (mean**2).sum() ** 0.5)).mean()
+        cosines = (y * T).sum(axis=1)
+        upper = np.triu_indices(len(T), k=1)  # every pair of two different sentences
+        native = (T @ T.T)[upper]
+        mixed = spearman_score((y @ T.T)[upper], native)  # translated a against native b
+        keep = spearman_score((S @ S.T)[upper], native)
+        cells = [stitch_id, f"{cosines.mean():.3f}", f"{baseline:.3f}"]
+        cells += [f"{mixed:.3f}", f"{keep:.3f}"]
+        if conf is None or ood is None:
+            cells += ["(no head)", "(no head)"]
+        else:
+            cells += [f"{spearman_score(conf, cosines):.3f}", f"{int(ood.sum())} of {len(ood)}"]
+        lines.append(_row(cells))
     return "\n".join(lines)
 
 

@@ -37,8 +37,9 @@ def _everyday() -> tuple[dict[str, np.ndarray], dict[str, str]]:
 def test_the_expected_stitches_are_bundled_and_small() -> None:
     assert {"minilm-to-mpnet", "mpnet-to-minilm", "minilm-to-e5", "e5-to-minilm",
             "minilm-to-pml3"} <= set(BUNDLED)  # fmt: skip
+    # float16 stitches of 1-2 MB each plus a confidence head of about 0.2 MB (float32)
     size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file())
-    assert size < 10 * 1024 * 1024, f"models/ is {size / 2**20:.1f} MiB"
+    assert size < 12 * 1024 * 1024, f"models/ is {size / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("stitch_id", BUNDLED)
@@ -98,7 +99,7 @@ def test_minilm_to_mpnet_meets_its_held_out_claims(shared_data: Path) -> None:
     # the training target mean is not stored apart from the stitch's centring vector,
     # which is the mean of all training targets
     card = score_stitch(stitch, X, Y, target_train_mean=stitch.target_mean.numpy()).to_dict()
-    assert card["pool_size"] == len(held_out) == 512  # every held-out document with mpnet
+    assert card["pool_size"] == len(held_out) == 1037  # 20 % of the 5,183 documents
     assert card["top1_accuracy_score"] >= 0.95
     assert card["r2_score"] >= 0.35
     assert abs(card["baselines"]["mean_estimator"]["r2_score"]) < 0.05

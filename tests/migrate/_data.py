@@ -40,9 +40,19 @@ def queries(scifact: Any, *, source: bool = True) -> RetrievalQueries:
     )
 
 
+def unscored_stitch(folder: Path, scifact: Any) -> Path:
+    """A MiniLM → mpnet ridge stitch without a confidence head (fitted with no held-out
+    rows), fitted on the 400 fixture documents; its folder."""
+    from lead.artifacts import save_stitch
+    from lead.fitting import fit_stitch
+
+    stitch = fit_stitch(scifact.corpus["minilm"], scifact.corpus["mpnet"], "ridge")
+    return save_stitch(stitch, folder)
+
+
 def scored_stitch(folder: Path, scifact: Any) -> Path:
     """A MiniLM → mpnet ridge stitch with a confidence head, fitted on 320 fixture documents
-    and calibrated on the other 80 (the bundled stitches have none yet); its folder."""
+    and calibrated on the other 80; its folder."""
     from lead.artifacts import save_stitch
     from lead.confidence import fit_confidence
     from lead.fitting import fit_stitch

@@ -52,3 +52,13 @@ def checksum(uri: str, table: str, column: str = "emb") -> str:
 @pytest.fixture
 def tmp_target(tmp_path: Path) -> Path:
     return tmp_path / "target"
+
+
+@pytest.fixture(scope="session")
+def unscored(tmp_path_factory: pytest.TempPathFactory, scifact_small: Any) -> Any:
+    """A translator whose stitch has no confidence head (the bundled ones all have one)."""
+    from lead.migrate.translator import LocalTranslator
+    from tests.migrate._data import unscored_stitch
+
+    folder = unscored_stitch(tmp_path_factory.mktemp("unscored") / "s", scifact_small)
+    return LocalTranslator(folder)

@@ -402,16 +402,19 @@ def test_the_confidence_column_lands_with_the_vectors_and_survives_resume(
 
 
 def test_a_confidence_column_is_refused_before_anything_is_written(
-    tmp_path, scifact_small, minilm_to_mpnet, scored
+    tmp_path, scifact_small, unscored, scored
 ):
     X = scifact_small.corpus["minilm"][:20]
     source = write_parquet(tmp_path / "src.parquet", np.arange(20), X)
     target = tmp_path / "out"
     with pytest.raises(InvalidInputError, match="has no confidence head"):
-        _apply(source, target, minilm_to_mpnet, confidence_column="conf")  # bundled: no head
+        _apply(source, target, unscored, confidence_column="conf")
     with pytest.raises(InvalidInputError, match="named like the id or the vector column"):
         _apply(source, target, scored, confidence_column="id")
     assert not target.exists() or not any(target.glob("part-*"))
-    code = main(["migrate", "apply", source, str(target), "--stitch", STITCH, "--quiet",
+    from tests.migrate._data import unscored_stitch
+
+    headless = str(unscored_stitch(tmp_path / "headless", scifact_small))
+    code = main(["migrate", "apply", source, str(target), "--stitch", headless, "--quiet",
                  "--confidence-column", "conf"])  # fmt: skip
     assert code == 2 and not any(target.glob("part-*"))

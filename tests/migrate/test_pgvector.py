@@ -417,7 +417,7 @@ def test_the_confidence_column_is_a_real_column_written_once_across_resume(
 
 
 def test_a_confidence_column_is_refused_before_anything_is_written_in_postgres(
-    pg_uri, scifact_small, minilm_to_mpnet, scored
+    pg_uri, scifact_small, unscored, scored
 ):
     X = scifact_small.corpus["minilm"][:30]
     ids = np.arange(len(X), dtype=np.int64)
@@ -425,7 +425,7 @@ def test_a_confidence_column_is_refused_before_anything_is_written_in_postgres(
     sql(pg_uri, "ALTER TABLE t_conf_refused ADD COLUMN conf real")
     target = with_params(pg_uri, table="t_conf_refused", column="emb_mpnet")
     with pytest.raises(InvalidInputError, match="has no confidence head"):
-        migrate.apply(source, target, minilm_to_mpnet, progress=False, confidence_column="c")
+        migrate.apply(source, target, unscored, progress=False, confidence_column="c")
     with pytest.raises(ConflictError, match="has a column 'conf' already"):
         migrate.apply(source, target, scored, progress=False, confidence_column="conf")
     with pytest.raises(InvalidInputError, match="named like the vector or the id column"):

@@ -478,12 +478,12 @@ def test_the_confidence_is_a_payload_field_written_once_across_resume(
     assert got.tobytes() == expected.tobytes()  # float32 values survive the JSON payload
 
 
-def test_a_confidence_field_is_refused_without_a_head(scifact_small, minilm_to_mpnet, storage):
+def test_a_confidence_field_is_refused_without_a_head(scifact_small, unscored, storage):
     X = scifact_small.corpus["minilm"][:20]
     source = make_collection(storage, "src", list(range(20)), X)
     target = f"qdrant://{storage}/out"
     with pytest.raises(InvalidInputError, match="has no confidence head"):
-        migrate.apply(source, target, minilm_to_mpnet, progress=False, confidence_column="c")
+        migrate.apply(source, target, unscored, progress=False, confidence_column="c")
     client = _client(storage)
     try:
         assert not client.collection_exists("out")

@@ -119,7 +119,7 @@ def check_confidence(translator: Translator, target: Target, name: str | None) -
     Raises
     ------
     InvalidInputError
-        An empty name; a translator through a server; a stitch without a confidence head
+        An empty name; a translator that cannot score; a stitch without a confidence head
         (or run backwards).
     """
     if name is None:
@@ -127,10 +127,9 @@ def check_confidence(translator: Translator, target: Target, name: str | None) -
     if not name.strip():
         raise InvalidInputError("--confidence-column needs a name", param="confidence_column")
     require = getattr(translator, "require_confidence", None)
-    if require is None:
+    if require is None:  # a translator that cannot score (the Ray engine's workers)
         raise InvalidInputError(
-            "--confidence-column scores rows in-process; drop --server",
-            param="confidence_column",
+            "--confidence-column is not available with this engine", param="confidence_column"
         )
     require()
     target.confidence_column = name

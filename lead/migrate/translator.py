@@ -331,6 +331,7 @@ class RemoteTranslator:
                 folder = self.client.download_stitch(stitch, tmp / "stitch")
             local = load_stitch(folder)
             self.ref = _ref(stitch, folder, local, False)
+            self.has_confidence = local.confidence_head is not None
             self.calibration = dict(local.info.fit.get("calibration") or {})
         except BaseException:
             self.client.close()
@@ -348,6 +349,24 @@ class RemoteTranslator:
         # generations now so that memory stays flat whatever the table's size
         gc.collect(1)
         return out
+
+    def require_confidence(self) -> None:
+        """Raise :class:`~lead.errors.NoConfidenceError` unless the served stitch has a
+        confidence head (read from its downloaded files)."""
+        if not self.has_confidence:
+            raise _no_confidence(self.ref.name, False)
+
+    def translate_scored(self, rows: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+        """:meth:`__call__` with ``return_confidence=true``: the same vectors, and each row's
+        confidence and out-of-distribution flag as the server computes them (the bytes the
+        in-process :meth:`LocalTranslator.translate_scored` gives). The rescaled count is
+        not reported through a server (0)."""
+        with _reaching(self.server):
+            out, confidence, ood = self.client.translate_with_confidence(
+                rows, stitch=self.stitch_id, normalize=self.normalize, format="arrow"
+            )
+        gc.collect(1)
+        return out, 0, confidence, ood
 
     def close(self) -> None:
         self.client.close()

@@ -83,3 +83,27 @@ def test_a_run_started_in_process_resumes_through_the_server(server, scifact_sma
 def test_a_stitch_the_server_does_not_serve_is_refused(server):
     with pytest.raises(StitchNotFoundError):
         RemoteTranslator(server.url, "minilm-to-e5")
+
+
+def test_a_confidence_column_through_the_server_equals_in_process(server, scifact_small, tmp_path):
+    """The bundled stitch has a confidence head: the server scores the rows
+    (``return_confidence``), split into its Arrow limit, with the in-process bytes."""
+    import pyarrow.parquet as pq
+
+    from tests.migrate._data import write_parquet
+
+    X = scifact_small.corpus["minilm"][:250]
+    source = write_parquet(tmp_path / "src.parquet", np.arange(len(X)), X)
+    tables = {}
+    for name, where in (("server", server.url), ("local", None)):
+        target = tmp_path / name
+        result = migrate.apply(
+            source, str(target), "minilm-to-mpnet", server=where, batch_size=120,
+            progress=False, confidence_column="conf",
+        )  # fmt: skip
+        assert result.rows_written == len(X)
+        tables[name] = pq.read_table(target).sort_by("id")
+    for column in ("conf", "embedding"):
+        a, b = tables["server"].column(column), tables["local"].column(column)
+        assert a.equals(b), column
+    assert tables["server"].schema.field("conf").type == "float"

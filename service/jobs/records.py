@@ -83,10 +83,13 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class StitchState:
-    """What a succeeded job's result says of its stitch."""
+    """What a succeeded (or still finishing) job's result says of its stitch."""
 
     served: bool  # false below the baseline (unless allowed) and once deleted
     deleted: bool  # DELETE /v1/stitches/{id} committed (the folder may remain)
+    #: False while the job is still running: its stitch may be published and being
+    #: registered by the replica that trained it, which marks it succeeded right after
+    finished: bool = True
 
 
 @dataclass(frozen=True)

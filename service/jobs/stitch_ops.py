@@ -80,12 +80,14 @@ class StitchOps:
 
     def succeeded_stitches(self) -> dict[str, StitchState]:
         """What the succeeded jobs' results say of their stitches, by stitch id, oldest
-        job first (by ``finished_at``)."""
+        job first (by ``finished_at``); jobs still running or cancelling come last, with
+        ``finished`` false (the replica that trained one may be registering its stitch)."""
         rows = (
             self._db.connection()
             .execute(
-                "SELECT stitch_id, finished_at, result FROM jobs WHERE status = 'succeeded'"
-                " ORDER BY finished_at, stitch_id"
+                "SELECT stitch_id, status, finished_at, result FROM jobs"
+                " WHERE status IN ('succeeded', 'running', 'cancelling')"
+                " ORDER BY status <> 'succeeded', finished_at, stitch_id"
             )
             .fetchall()
         )
@@ -96,5 +98,6 @@ class StitchOps:
                 # records from before ``served`` existed count as served
                 served=result.get("served") is not False,
                 deleted=result.get("stitch_deleted_at") is not None,
+                finished=row["status"] == "succeeded",
             )
         return states

@@ -147,9 +147,10 @@ class StitchWatcher:
             report = SyncReport()
             for entry in self.registry.entries():
                 state = states.get(entry.id)
-                if entry.origin == "job" and (state is None or not state.served or state.deleted):
+                gone = state is None or (state.finished and (not state.served or state.deleted))
+                if entry.origin == "job" and gone:  # not one that its job is still registering
                     self._remove(entry.id, report)
-            wanted = [i for i, s in states.items() if s.served and not s.deleted]
+            wanted = [i for i, s in states.items() if s.finished and s.served and not s.deleted]
             for stitch_id in wanted:
                 if stitch_id not in self.registry:
                     self._register(stitch_id, report)

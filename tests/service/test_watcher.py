@@ -163,6 +163,36 @@ def test_job_entries_without_a_record_are_removed_configured_ones_kept(
     assert [e.id for e in a.registry.entries()] == ["configured"]
 
 
+def test_a_stitch_its_job_is_still_registering_is_kept(
+    replicas: Callable[..., Replica], tmp_path: Path, fitted: Any
+) -> None:
+    """The replica that trained a stitch registers it, then marks the job succeeded: a
+    watcher pass in between removed it, and a client that then saw ``succeeded`` got 404
+    (found as a CI flake of tests/lead/test_client.py)."""
+    shared = FolderStore(tmp_path / "shared-stitches")
+    a = replicas(shared)
+    job = a.jobs.create_job(
+        job_id=new_id("job"),
+        request={"source_model": "a", "target_model": "b"},
+        data_path="job-data/pending.safetensors",
+        dataset_id=None,
+        pairs=400,
+        stitch_id="pending",
+    )
+    assert a.jobs.claim_next("replica", lease_s=60) is not None
+    shared.put("pending", fitted.folder(STITCH))
+    assert a.jobs.set_outcome(job.id, scorecard={}, result={"served": True}, owner="replica")
+    a.registry.register("pending", load_stitch(fitted.folder(STITCH)), origin="job")
+    report = a.watcher.sync()  # the job is still running
+    assert report.removed == [] and report.registered == []
+    assert "pending" in a.registry
+    b = replicas(shared)
+    assert b.watcher.sync().registered == []  # other replicas wait for the job to finish
+    assert a.jobs.finish_job(job.id, "succeeded", owner="replica")
+    assert b.watcher.sync().registered == ["pending"]
+    assert a.watcher.sync().removed == []
+
+
 def test_a_stitch_that_fails_to_load_is_logged_once_and_tried_again(
     replicas: Callable[..., Replica],
     tmp_path: Path,

@@ -15,6 +15,32 @@ from lead.unit_input import normalize_input
 __all__ = ["apply_stitch"]
 
 
+def stitch_input(stitch: Stitch, X: Any, *, inverse: bool = False, param: str = "X") -> Tensor:
+    """``X`` as the stitch's forward takes it: a matrix in the stitch's device and dtype,
+    scaled to unit length when the stitch was fitted on unit-length vectors.
+
+    Raises
+    ------
+    ShapeMismatchError
+        If ``X`` does not have ``stitch.d_src`` columns (``d_tgt`` with ``inverse``).
+    NotInvertibleError, NonFiniteError, ZeroVectorError
+        As :func:`apply_stitch`, naming ``param``.
+    """
+    _, d_in, _ = oriented(stitch, inverse=inverse)
+    weights = next(stitch.parameters())
+    source = as_matrix(X, name=param, dtype=weights.dtype).to(weights.device)
+    if source.shape[1] != d_in:
+        side = "d_tgt" if inverse else "d_src"
+        raise ShapeMismatchError(
+            f"{param} has {source.shape[1]} columns but the stitch expects {side}={d_in}",
+            expected=d_in,
+            got=source.shape[1],
+            param=param,
+        )
+    source, _ = normalize_input(stitch, source, inverse=inverse, param=param)
+    return source
+
+
 def apply_stitch(
     stitch: Stitch, X: Any, *, batch_size: int = 65536, inverse: bool = False
 ) -> Tensor:
@@ -53,18 +79,8 @@ def apply_stitch(
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
     """
-    run, d_in, d_out = oriented(stitch, inverse=inverse)
-    param = next(stitch.parameters())
-    source = as_matrix(X, name="X", dtype=param.dtype).to(param.device)
-    if source.shape[1] != d_in:
-        side = "d_tgt" if inverse else "d_src"
-        raise ShapeMismatchError(
-            f"X has {source.shape[1]} columns but the stitch expects {side}={d_in}",
-            expected=d_in,
-            got=source.shape[1],
-            param="X",
-        )
-    source, _ = normalize_input(stitch, source, inverse=inverse, param="X")
+    run, _, d_out = oriented(stitch, inverse=inverse)
+    source = stitch_input(stitch, X, inverse=inverse)
     was_training = stitch.training
     stitch.eval()
     try:

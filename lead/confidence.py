@@ -62,6 +62,7 @@ from lead._confidence_head import (
 from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
     NoConfidenceError,
+    NonFiniteOutputError,
     ShapeMismatchError,
     TooFewPairsError,
 )
@@ -236,20 +237,9 @@ def _design(feats: np.ndarray, Xc: np.ndarray, scale: tuple[np.ndarray, np.ndarr
 
 def _inputs(stitch: Stitch, X: Any, name: str) -> np.ndarray:
     """The rows as the stitch's forward sees them (unit scaling applied), float64 numpy."""
-    from lead._validation import as_matrix
-    from lead.unit_input import normalize_input
+    from lead._apply import stitch_input
 
-    param = next(stitch.parameters())
-    x = as_matrix(X, name=name, dtype=param.dtype).to(param.device)
-    if x.shape[1] != stitch.d_src:
-        raise ShapeMismatchError(
-            f"{name} has {x.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
-            expected=stitch.d_src,
-            got=x.shape[1],
-            param=name,
-        )
-    x, _ = normalize_input(stitch, x, param=name)
-    return np.asarray(x.double().cpu().numpy())
+    return np.asarray(stitch_input(stitch, X, param=name).double().cpu().numpy())
 
 
 def _outputs(stitch: Stitch, X: np.ndarray) -> np.ndarray:
@@ -486,8 +476,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
     ShapeMismatchError, NonFiniteError, ZeroVectorError, NonFiniteOutputError
         As :func:`lead.apply_stitch`.
     """
-    from lead._validation import as_matrix
-    from lead.unit_input import normalize_input
+    from lead._apply import stitch_input
 
     head = stitch.confidence_head
     if head is None:
@@ -496,20 +485,9 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
             "(lead fit attaches one by default) or call lead.confidence.fit_confidence",
             param="stitch",
         )
-    param = next(stitch.parameters())
-    source = as_matrix(x, name="x", dtype=param.dtype).to(param.device)
-    if source.shape[1] != stitch.d_src:
-        raise ShapeMismatchError(
-            f"x has {source.shape[1]} columns but the stitch expects d_src={stitch.d_src}",
-            expected=stitch.d_src,
-            got=source.shape[1],
-            param="x",
-        )
     with torch.inference_mode():
-        source, _ = normalize_input(stitch, source, param="x")
+        source = stitch_input(stitch, x, param="x")
         y = forward_batch_invariant(stitch, source)
-        from lead.errors import NonFiniteOutputError
-
         if not bool(torch.isfinite(y).all()):
             raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
         confidence, ood = head.score(source, y)

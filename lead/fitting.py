@@ -36,7 +36,7 @@ from lead.closed_form import (
 )
 from lead.errors import FitError, InvalidInputError, LeadError, NonFiniteError
 from lead.invertible import InvertibleConfig, train_invertible
-from lead.local import check_local_options, check_sample_weight, fit_local
+from lead.local import check_local_options, fit_local
 from lead.stitches import Stitch, StitchInfo
 from lead.training import MLPConfig, train_mlp
 from lead.unsupervised import check_unsupervised_options, fit_unsupervised
@@ -267,8 +267,6 @@ def fit_stitch(
     info.target_normalized = info.target_normalized and _unit_rows(Y)
     if normalize_output is None:
         normalize_output = info.target_normalized
-    if canonical == "local":
-        check_sample_weight(sample_weight, X.shape[0])  # before any work
     closed_form = canonical not in ("mlp", "invertible")  # these report their own epochs
     if progress is not None and closed_form:
         progress("fit", 0, 1)

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import lead
+from service.allocator import tune_malloc
 from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.errors import install_error_handlers
@@ -85,6 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)  # process-wide: this is the server
+        if settings.tune_malloc:
+            tune_malloc()  # process-wide too (service.allocator)
         registry = StitchRegistry(device, dtype)
         refs = configured_refs(settings)
         registry.expect([ref.id for ref in refs])

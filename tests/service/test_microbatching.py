@@ -67,6 +67,10 @@ def test_translations_are_the_same_bytes_alone_batched_and_micro_batched(
                 for i in range(0, len(strings), 7):
                     out["batches of 7"] += await translate(strings[i : i + 7])
                 out["one batch"] = await translate(strings)
+                # a batch of 1,024 (2 MB: the bulk path) with the 256 at rows 384-639
+                big = strings[::-1] + strings[128:] + strings + strings[:128] + strings[::-1]
+                assert len(big) == 1024
+                out["in a batch of 1,024"] = (await translate(big))[384:640]
 
                 async def client(k: int) -> list[tuple[int, str]]:  # 4 vectors, one per call
                     return [(i, (await translate([strings[i]]))[0]) for i in range(k, 256, 64)]

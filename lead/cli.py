@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--method",
         default="ridge",
-        help="ridge | procrustes | mlp | invertible | anchors | unsupervised | local",
+        help="ridge | procrustes | mlp | invertible | anchors | unsupervised | local | gated",
     )
     fit.add_argument(
         "--calibrate-variance",
@@ -515,8 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=float,
         metavar="W",
-        help="weight of the rows of each --source/--target pair, in their order (method "
-        "local): e.g. 1 for your documents and queries, 0.05 for general-domain extra pairs",
+        help="weight of the rows of each --source/--target pair, in their order (methods "
+        "local and gated): e.g. 1 for your documents and queries, 0.05 for general-domain "
+        "extra pairs",
     )
     fit.add_argument(
         "--option",

@@ -35,6 +35,7 @@ from lead.closed_form import (
     fit_ridge,
 )
 from lead.errors import FitError, InvalidInputError, LeadError, NonFiniteError
+from lead.gated import check_gated_options, fit_gated
 from lead.invertible import InvertibleConfig, train_invertible
 from lead.local import check_local_options, fit_local
 from lead.stitches import Stitch, StitchInfo
@@ -62,7 +63,10 @@ METHODS: dict[str, str] = {
     "anchors": "anchors",
     "unsupervised": "unsupervised",
     "local": "local",
+    "gated": "gated",
 }
+#: Methods that take per-row sample weights.
+WEIGHTED = ("local", "gated")
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,7 +91,7 @@ def _check_scaling(scaling: Any) -> bool:
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
     """The keyword-only options of a fitting function, except ``seed``."""
     parameters = inspect.signature(function).parameters.values()
-    skip = {"seed", "progress", "sample_weight"}
+    skip = {"seed", "progress", "sample_weight", "calibrate_variance"}
     return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - skip
 
 
@@ -122,6 +126,7 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
         "anchors": fit_anchors,
         "unsupervised": fit_unsupervised,
         "local": fit_local,
+        "gated": fit_gated,
     }
     allowed = {
         "ridge": {"alpha", "alphas"},
@@ -149,6 +154,8 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
         check_anchor_options(**options)
     elif canonical == "local":
         check_local_options(**options)
+    elif canonical == "gated":
+        check_gated_options(**options)
     else:
         check_unsupervised_options(**options)
     return canonical
@@ -179,7 +186,8 @@ def fit_stitch(
         ``ridge`` (alias ``affine``), ``procrustes`` (alias ``orthogonal``), ``mlp``,
         ``invertible`` (an :class:`~lead.stitches.InvertibleStitch`, with ``.inverse(y)``),
         ``local`` (a weighted global map plus the nearest training pairs' residuals:
-        :func:`lead.local.fit_local`),
+        :func:`lead.local.fit_local`), ``gated`` (a local stitch on the in-domain pairs and
+        a residual MLP elsewhere: :func:`lead.gated.fit_gated`),
         ``anchors`` (zero-shot from a few anchor pairs, :func:`lead.anchors.fit_anchors`)
         or ``unsupervised`` (no pairs: :func:`lead.unsupervised.fit_unsupervised`; the
         rows of ``Y`` are shuffled by ``seed`` first, so their order carries no
@@ -198,24 +206,27 @@ def fit_stitch(
         Seed of every random choice (ridge hold-out split, MLP init and shuffling).
     progress : callable, optional
         ``progress(stage, step, total)``; ``("fit", 0, 1)`` / ``("fit", 1, 1)`` around the
-        other methods, ``("train", epoch, max_epochs)`` while training (mlp, invertible;
+        other methods, ``("train", epoch, max_epochs)`` while training (mlp, invertible,
+        gated's MLP;
         an early stop's last epoch reports ``("train", epochs, epochs)``;
         invertible also reports ``("init", layer, layers)``), and ``("match", 0, 1)`` /
         ``("refine", round, rounds)`` inside the unsupervised fit. An exception it raises
         (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
     sample_weight : array_like of shape (n,), optional
-        Non-negative weight of each pair (method ``local`` only): e.g. 1 for in-domain pairs
-        and 0.05 for general-domain extra pairs; rescaled to mean 1.
+        Non-negative weight of each pair (methods ``local`` and ``gated`` only): e.g. 1 for
+        in-domain pairs and 0.05 for general-domain extra pairs; rescaled to mean 1.
     calibrate_variance : bool, default False
         After any method, fit the stitch's output scale on the training pairs
         (:func:`lead.calibration.fit_output_scale`) so that translated residuals have
         the native spread; recorded as ``fit["output_scale"]``. Off, the stitch is
-        exactly what the method made. Not for ``unsupervised`` (no pairs).
+        exactly what the method made. Not for ``unsupervised`` (no pairs). A ``gated``
+        stitch scales each of its two experts instead.
     **options
         ridge: ``alpha``, ``alphas``; procrustes: ``scaling``; mlp: the fields of
         :class:`lead.training.MLPConfig` except ``seed``; invertible: those of
-        :class:`lead.invertible.InvertibleConfig` except ``seed``; anchors and
-        unsupervised: the keyword options of their functions except ``seed``.
+        :class:`lead.invertible.InvertibleConfig` except ``seed``; anchors,
+        unsupervised, local and gated: the keyword options of their functions except
+        ``seed``.
 
     Returns
     -------
@@ -246,9 +257,9 @@ def fit_stitch(
             param="calibrate_variance",
         )
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
-    if sample_weight is not None and canonical != "local":
+    if sample_weight is not None and canonical not in WEIGHTED:
         raise InvalidInputError(
-            f"sample weights are taken by method 'local' only, not {canonical!r}",
+            f"sample weights are taken by methods {' and '.join(WEIGHTED)} only, not {canonical!r}",
             param="sample_weight",
         )
     info = dataclasses.replace(info) if info is not None else StitchInfo()
@@ -267,7 +278,7 @@ def fit_stitch(
     info.target_normalized = info.target_normalized and _unit_rows(Y)
     if normalize_output is None:
         normalize_output = info.target_normalized
-    closed_form = canonical not in ("mlp", "invertible")  # these report their own epochs
+    closed_form = canonical not in ("mlp", "invertible", "gated")  # these report their own epochs
     if progress is not None and closed_form:
         progress("fit", 0, 1)
     stitch: Stitch
@@ -282,6 +293,16 @@ def fit_stitch(
             stitch = fit_anchors(X, Y, seed=seed, **options)
         elif canonical == "local":
             stitch = fit_local(X, Y, sample_weight=sample_weight, seed=seed, **options)
+        elif canonical == "gated":
+            stitch = fit_gated(
+                X,
+                Y,
+                sample_weight=sample_weight,
+                calibrate_variance=calibrate_variance,
+                seed=seed,
+                progress=progress,
+                **options,
+            )
         elif canonical == "mlp":
             config = MLPConfig(**options, seed=seed)
             stitch = train_mlp(X, Y, config, progress, normalize_output=bool(normalize_output))
@@ -303,7 +324,7 @@ def fit_stitch(
         if isinstance(error, LeadError):  # FitError, JobCancelledError, ...
             raise
         raise FitError(f"the {canonical} fit failed: {error}") from None
-    if calibrate_variance:
+    if calibrate_variance and canonical != "gated":  # a gated stitch scales its experts
         stitch.info.fit["output_scale"] = fit_output_scale(stitch, X, Y)
     if progress is not None and closed_form:
         progress("fit", 1, 1)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STITCH_REGISTRY",
     "AffineStitch",
+    "GatedStitch",
     "InvertibleStitch",
     "LocalStitch",
     "MLPStitch",
@@ -370,17 +371,38 @@ class LocalStitch(Stitch):
         self.values = nn.Parameter(torch.zeros(memory, d_tgt))
 
     def _map(self, x_centred: Tensor) -> Tensor:
-        base = x_centred @ self.weight.T
         if self.strength == 0:
-            return base
+            return x_centred @ self.weight.T
+        return self.map_and_nearest(x_centred)[0]
+
+    def map_and_nearest(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """The map of centred rows, and each row's highest cosine to the memory keys.
+
+        Parameters
+        ----------
+        x_centred : Tensor of shape (n, d_src)
+            Inputs minus ``source_mean``.
+
+        Returns
+        -------
+        mapped : Tensor of shape (n, d_tgt)
+            The global map plus the correction, in ``x_centred``'s dtype (before any output
+            scale and the target mean).
+        nearest : Tensor of shape (n,), float32
+            The largest cosine of each (uncentred) row to the keys, in [-1, 1].
+        """
+        base = x_centred @ self.weight.T
         parts = [
             self._correction(x_centred[i : i + self.CHUNK])
             for i in range(0, x_centred.shape[0], self.CHUNK)
         ]
-        correction = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return base + self.strength * correction.to(base.dtype)
+        if not parts:
+            return base, base.new_zeros((0,), dtype=torch.float32)
+        correction = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        nearest = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        return base + self.strength * correction.to(base.dtype), nearest
 
-    def _correction(self, x_centred: Tensor) -> Tensor:
+    def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
         x = unit_rows(x_centred.float() + self.source_mean.float())
         scores = x @ self.keys.float().T
         top, index = scores.topk(self.k, dim=1)  # sorted: top[:, 0] is the largest
@@ -392,7 +414,110 @@ class LocalStitch(Stitch):
         weights = torch.exp((top - shift) * inverse_t)
         total = weights.sum(dim=1, keepdim=True) + torch.exp((self.sink - shift) * inverse_t)
         neighbours = self.values.float()[index]  # (n, k, d_tgt)
-        return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1)
+        return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1), top[:, 0]
+
+
+class GatedStitch(Stitch):
+    r"""A local stitch near its in-domain training inputs, a residual MLP elsewhere.
+
+    :math:`y = a(x)\,y_{\text{local}}(x) + (1 - a(x))\,y_{\text{MLP}}(x)` (then L2-normalised
+    when ``normalize_output``), with the gate
+    :math:`a(x) = \operatorname{clip}((s(x) - g_{lo}) / (g_{hi} - g_{lo}), 0, 1)` and
+    :math:`s(x)` the highest cosine of :math:`x` to the local stitch's memory keys: the
+    in-domain training inputs (a team's own documents and queries). The local stitch
+    (:class:`LocalStitch`, ``domain``) retrieves best on the domain it memorised; the MLP
+    (:class:`MLPStitch`, ``general``, fitted on every pair) translates general text better.
+    The gate's bounds come from the memory itself (:func:`lead.gated.fit_gated`): held-out
+    in-domain inputs are nearly all above ``gate_high``, so the gate only hands inputs
+    unlike anything in the domain to the MLP.
+
+    Tensors: ``domain.*`` (a :class:`LocalStitch`'s), ``general.*`` (an
+    :class:`MLPStitch`'s; each expert may hold its own ``output_scale`` when
+    ``expert_scales``), and the stitch's own ``source_mean`` and ``target_mean``, which
+    stay zero (each expert centres with its own means).
+
+    References
+    ----------
+    .. [1] R. A. Jacobs, M. I. Jordan, S. J. Nowlan, G. E. Hinton, "Adaptive Mixtures of
+       Local Experts", Neural Computation 3(1), 79-87, 1991. doi:10.1162/neco.1991.3.1.79
+    """
+
+    architecture = "gated"
+    config_keys = (
+        *LocalStitch.config_keys,
+        *MLPStitch.config_keys,
+        "gate_low",
+        "gate_high",
+        "expert_scales",
+    )
+    domain: LocalStitch
+    general: MLPStitch
+
+    def __init__(
+        self,
+        d_src: int,
+        d_tgt: int,
+        *,
+        memory: int = 1,
+        k: int = 10,
+        temperature: float = 0.05,
+        strength: float = 0.5,
+        sink: float = 0.6,
+        hidden_dim: int = 512,
+        depth: int = 1,
+        gate_low: float = 0.4,
+        gate_high: float = 0.5,
+        expert_scales: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(d_src, d_tgt, **kwargs)
+        if not (math.isfinite(gate_low) and math.isfinite(gate_high) and gate_low < gate_high):
+            raise ShapeMismatchError(
+                f"need finite gate bounds with gate_low < gate_high, got {gate_low}, {gate_high}",
+                expected="gate_low < gate_high",
+                got=(gate_low, gate_high),
+            )
+        scales = bool(expert_scales)
+        self.domain = LocalStitch(
+            d_src,
+            d_tgt,
+            memory=memory,
+            k=k,
+            temperature=temperature,
+            strength=strength,
+            sink=sink,
+            output_scale=scales,
+        )
+        self.general = MLPStitch(
+            d_src, d_tgt, hidden_dim=hidden_dim, depth=depth, output_scale=scales
+        )
+        self.gate_low, self.gate_high = float(gate_low), float(gate_high)
+        self.expert_scales = scales
+
+    def __getattr__(self, name: str) -> Any:
+        # the experts' architecture parameters, for get_config
+        if name in LocalStitch.config_keys:
+            return getattr(self._modules["domain"], name)
+        if name in MLPStitch.config_keys:
+            return getattr(self._modules["general"], name)
+        return super().__getattr__(name)
+
+    def gate(self, nearest: Tensor) -> Tensor:
+        """The local stitch's share :math:`a` for rows whose highest memory cosine is
+        ``nearest`` (shape (n,)): 0 at ``gate_low`` and below, 1 at ``gate_high`` and above."""
+        share: Tensor = (nearest - self.gate_low) / (self.gate_high - self.gate_low)
+        return share.clamp(0.0, 1.0)
+
+    def _map(self, x_centred: Tensor) -> Tensor:
+        x = x_centred  # the stitch's own means are zero: this is the input itself
+        domain = self.domain
+        mapped, nearest = domain.map_and_nearest(x - domain.source_mean)
+        if domain.output_scale is not None:
+            mapped = mapped * domain.output_scale
+        y_domain = mapped + domain.target_mean
+        y_general: Tensor = self.general(x)  # its normalize_output is off: the full vector
+        a = self.gate(nearest).to(y_domain.dtype).unsqueeze(1)
+        return a * y_domain + (1 - a) * y_general
 
 
 class _Coupling(nn.Module):
@@ -693,7 +818,14 @@ def oriented(
 #: Architecture name → stitch class. The only way a config names a class.
 STITCH_REGISTRY: dict[str, type[Stitch]] = {
     cls.architecture: cls
-    for cls in (AffineStitch, OrthogonalStitch, MLPStitch, InvertibleStitch, LocalStitch)
+    for cls in (
+        AffineStitch,
+        OrthogonalStitch,
+        MLPStitch,
+        InvertibleStitch,
+        LocalStitch,
+        GatedStitch,
+    )
 }
 
 

@@ -262,8 +262,8 @@ class JobManager:
         DecodeError, ShapeMismatchError, NonFiniteError, LimitExceededError, TooFewPairsError
             Bad inline vectors, or too few pairs for the hold-out split.
         InvalidInputError
-            Method ``local`` with ``k`` above its memory (the training pairs, at most
-            ``max_memory``).
+            Method ``local`` or ``gated`` with ``k`` above its memory (the training pairs, at
+            most ``max_memory``).
         IllConditionedError
             Inline vectors whose column spreads are too far apart for float32.
         ConflictError
@@ -315,7 +315,7 @@ class JobManager:
             )
         # enough pairs on both sides?
         train, _ = holdout_split(pairs, body.holdout_fraction, body.seed)
-        if METHODS[body.method] == "local":  # k within the memory: refused before training
+        if METHODS[body.method] in ("local", "gated"):  # k within the memory, before training
             check_local_rows(body.options, len(train), param="options.k")
         stitch_id = (
             body.stitch_id

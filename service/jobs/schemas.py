@@ -218,15 +218,18 @@ class JobCreate(PairsInput):
         default="ridge",
         description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp`, "
         "`invertible` (also runs backwards), `anchors` (zero-shot from a few pairs), "
-        "`unsupervised` (fitted without the pairing; the held-out pairs only score it) or "
-        "`local` (a global map plus the nearest training pairs' residuals).",
+        "`unsupervised` (fitted without the pairing; the held-out pairs only score it), "
+        "`local` (a global map plus the nearest training pairs' residuals) or `gated` (a "
+        "local stitch near the training pairs, a residual MLP elsewhere).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
         "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ...; "
-        "local `k`, `base`, `temperature`, `strength`, `sink`, `max_memory`. "
-        "Unknown names and bad values are refused at submission (422; a local `k` above "
+        "local `k`, `base`, `temperature`, `strength`, `sink`, `max_memory`; gated those "
+        "of local and mlp's `hidden_dim`, `depth`, `max_epochs`, `patience`, and "
+        "`gate_quantile`, `gate_width`. "
+        "Unknown names and bad values are refused at submission (422; a local or gated `k` above "
         "the training pairs: 400 `invalid_input`); a fit that fails "
         "later (e.g. training that diverges) fails the job with a reason.",
     )

@@ -473,7 +473,7 @@ def test_fit_local_weighs_each_pair_of_files(
     assert main(_fit_args(tmp_path / "bad", *common, "--weight", "1")) == 2
     assert "1 --weight for 2 --source/--target pairs" in capsys.readouterr().err
     assert main(_fit_args(tmp_path / "ridge", "--weight", "1")) == 2
-    assert "method 'local' only" in capsys.readouterr().err
+    assert "methods local and gated only" in capsys.readouterr().err
 
 
 def test_fit_calibrate_variance_records_the_output_scale(tmp_path: Path) -> None:

@@ -167,5 +167,5 @@ def test_bad_sample_weights_are_refused() -> None:
         with pytest.raises(InvalidInputError) as caught:
             fit_stitch(X, X, "local", sample_weight=bad)
         assert caught.value.param == "sample_weight"
-    with pytest.raises(InvalidInputError, match="method 'local' only"):
+    with pytest.raises(InvalidInputError, match="methods local and gated only"):
         fit_stitch(X, X, "ridge", sample_weight=np.ones(40))

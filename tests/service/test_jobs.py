@@ -613,8 +613,9 @@ def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_s
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
 
 
+@pytest.mark.parametrize("method", ["local", "gated"])
 def test_local_options_that_cannot_fit_are_refused_at_submission(
-    jobs: TestClient, scifact_small: Any
+    jobs: TestClient, scifact_small: Any, method: str
 ) -> None:
     """k above the memory (the 30 training pairs, or max_memory) and numbers beyond the
     float range were accepted: the job failed in training instead of a 4xx up front."""
@@ -625,16 +626,29 @@ def test_local_options_that_cannot_fit_are_refused_at_submission(
         ({"temperature": 10**400}, 422, "options"),
         ({"sink": 10**400}, 422, "options"),
     ):
-        body = tiny_body(scifact_small, n=40, method="local", options=options)
+        body = tiny_body(scifact_small, n=40, method=method, options=options)
         r = jobs.post("/v1/jobs", json=body)
         assert r.status_code == status, (options, r.text)
         assert r.json()["error"]["param"] == param
         assert str(10**400) not in r.text
     assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
     ok = jobs.post(
-        "/v1/jobs", json=tiny_body(scifact_small, n=40, method="local", options={"k": 30})
+        "/v1/jobs", json=tiny_body(scifact_small, n=40, method=method, options={"k": 30})
     )
     assert ok.status_code == 202, ok.text
+    if method == "gated":  # it trains (its MLP holds out 4+ of 45 pairs) and is served
+        # (45 pairs are too few to beat the mean estimator: served all the same)
+        body = tiny_body(scifact_small, n=60, method=method, allow_below_baseline=True)
+        r = jobs.post("/v1/jobs", json=body)
+        job = wait_job(jobs, r.json()["id"])
+        assert job["status"] == "succeeded", job["error"]
+        stitch = jobs.get(f"/v1/stitches/{job['stitch_id']}")
+        assert stitch.status_code == 200, stitch.text
+        assert stitch.json()["architecture"] == "gated"
+        body = {"stitch": job["stitch_id"], "input": scifact_small.corpus["minilm"][:3].tolist()}
+        r = jobs.post("/v1/translate", json=body)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"][0]["embedding"]) == 384
 
 
 @pytest.mark.parametrize("depth", [20, 300, 900])

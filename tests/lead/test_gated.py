@@ -1,0 +1,144 @@
+"""The gated stitch: a local stitch near the in-domain memory, a residual MLP elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from lead._apply import apply_stitch
+from lead.artifacts import load_stitch, save_stitch
+from lead.batch_invariance import forward_batch_invariant
+from lead.errors import InvalidInputError, StitchFormatError
+from lead.fitting import fit_stitch
+from lead.stitches import GatedStitch, StitchInfo, unit_rows
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FAST = {"max_epochs": 2, "hidden_dim": 128}
+
+
+def _unit(a: np.ndarray) -> np.ndarray:
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+def _translate(stitch: Any, X: np.ndarray) -> np.ndarray:
+    return apply_stitch(stitch, torch.from_numpy(X)).numpy()
+
+
+def _gate(stitch: GatedStitch, X: np.ndarray) -> np.ndarray:
+    keys = stitch.domain.keys.detach().float()
+    nearest = (unit_rows(torch.from_numpy(X).float()) @ keys.T).max(dim=1).values
+    return stitch.gate(nearest).numpy()
+
+
+@pytest.fixture(scope="module")
+def fitted(scifact_small: Any) -> tuple[GatedStitch, Any]:
+    """MiniLM -> mpnet: 300 real SciFact documents (weight 1, the domain) and 40 everyday
+    sentences (weight 0.05); 100 documents and the other 40 sentences held out."""
+    everyday = load_file(FIXTURES / "everyday_sentences.safetensors")
+    X = np.concatenate([scifact_small.corpus["minilm"][:300], everyday["minilm"][:40]])
+    Y = np.concatenate([scifact_small.corpus["mpnet"][:300], everyday["mpnet"][:40]])
+    w = np.r_[np.ones(300), np.full(40, 0.05)]
+    info = StitchInfo(source_model="minilm", target_model="mpnet")
+    stitch = fit_stitch(X, Y, "gated", info=info, sample_weight=w, **FAST)
+    assert isinstance(stitch, GatedStitch)
+    return stitch, everyday
+
+
+def test_the_memory_is_the_domain_and_the_gate_comes_from_it(fitted: Any) -> None:
+    stitch, _ = fitted
+    assert stitch.memory == 300 and stitch.info.fit["domain_rows"] == 300
+    assert stitch.gate_high - stitch.gate_low == pytest.approx(0.1)
+    assert 0.0 < stitch.gate_high < 1.0
+
+
+def test_documents_go_to_the_local_stitch_and_everyday_sentences_to_the_mlp(
+    fitted: Any, scifact_small: Any
+) -> None:
+    stitch, everyday = fitted
+    docs = scifact_small.corpus["minilm"][300:]
+    sentences = everyday["minilm"][40:]
+    assert (_gate(stitch, docs) == 1.0).mean() >= 0.85  # held-out in-domain rows
+    assert (_gate(stitch, sentences) == 0.0).mean() >= 0.85
+    # and where the gate is 0 or 1, the answer is that expert's own
+    both = np.concatenate([docs, sentences])
+    a = _gate(stitch, both)
+    gated = _translate(stitch, both)
+    with torch.inference_mode():
+        x = torch.from_numpy(both)
+        local = unit_rows(stitch.domain(x)).numpy()
+        mlp = unit_rows(stitch.general(x)).numpy()
+    np.testing.assert_allclose(gated[a == 1.0], local[a == 1.0], atol=1e-5)
+    np.testing.assert_allclose(gated[a == 0.0], mlp[a == 0.0], atol=1e-5)
+
+
+def test_everyday_sentences_translate_better_than_with_the_local_stitch_alone(
+    fitted: Any,
+) -> None:
+    """The local stitch's global map is weighted toward the domain: general text, far from
+    its memory, translates worse than with the MLP, which is what the gate gives it."""
+    stitch, everyday = fitted
+    x, y = everyday["minilm"][40:], everyday["mpnet"][40:]
+    with torch.inference_mode():
+        local = unit_rows(stitch.domain(torch.from_numpy(x))).numpy()
+    gated = np.sum(_translate(stitch, x) * y, axis=1).mean()
+    assert gated > np.sum(local * y, axis=1).mean() + 0.02
+
+
+def test_rows_are_batch_invariant_and_survive_save_and_load(
+    fitted: Any, scifact_small: Any, tmp_path: Path
+) -> None:
+    stitch, everyday = fitted
+    save_stitch(stitch, tmp_path / "g")
+    loaded = load_stitch(tmp_path / "g")
+    assert isinstance(loaded, GatedStitch)
+    assert loaded.get_config() == stitch.get_config()
+    x = torch.from_numpy(np.concatenate([scifact_small.queries["minilm"][:30], everyday["minilm"]]))
+    with torch.inference_mode():
+        whole = forward_batch_invariant(loaded, x)
+        alone = torch.cat([forward_batch_invariant(loaded, x[i : i + 1]) for i in range(len(x))])
+        assert torch.equal(whole, alone)
+        assert torch.equal(whole, forward_batch_invariant(stitch, x))
+
+
+def test_calibration_scales_each_expert(scifact_small: Any) -> None:
+    X, Y = scifact_small.corpus["minilm"][:200], scifact_small.corpus["mpnet"][:200]
+    stitch = fit_stitch(X, Y, "gated", calibrate_variance=True, **FAST)
+    assert stitch.expert_scales and stitch.output_scale is None
+    for expert in (stitch.domain, stitch.general):
+        assert expert.output_scale is not None and float(expert.output_scale) > 1.0
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"gate_quantile": 1.5}, "gate_quantile"),
+        ({"gate_width": 0.0}, "gate_width"),
+        ({"k": 0}, "k"),
+        ({"hidden_dim": 0}, "hidden_dim"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, Any], param: str) -> None:
+    X = np.random.default_rng(0).normal(size=(50, 4))
+    with pytest.raises(InvalidInputError) as caught:
+        fit_stitch(X, X, "gated", **options)
+    assert caught.value.param == param
+
+
+def test_a_stitch_file_whose_gate_is_upside_down_is_refused(fitted: Any, tmp_path: Path) -> None:
+    stitch, _ = fitted
+    save_stitch(stitch, tmp_path / "g")
+    config_path = tmp_path / "g" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["gate_low"], config["gate_high"] = 0.6, 0.5
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(StitchFormatError, match="gate"):
+        load_stitch(tmp_path / "g")

@@ -55,8 +55,9 @@ class ConfidenceHead(nn.Module):
     With ``xc = x - source_mean``, ``p = xc @ projection``:
     ``disagreement = |p[:, :k] + disagreement_offset|^2``, ``distance = |p[:, k:2k]|^2``,
     ``raw = log(features) @ feature_weight + p[:, 2k] + bias``,
-    ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)`` and
-    ``out_of_distribution = distance > ood_threshold``.
+    ``out_of_distribution = distance > ood_threshold`` and
+    ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)``, or 0 where out of
+    distribution.
     """
 
     def __init__(self, d_src: int, d_tgt: int, *, rank: int, knots: int) -> None:
@@ -156,7 +157,8 @@ class ConfidenceHead(nn.Module):
         -------
         confidence : Tensor of shape (n,), float32 in [0, 1]
             Calibrated estimate of ``cos(translation, native target vector)``; higher is
-            more trustworthy.
+            more trustworthy. 0 for a row out of distribution (the calibration cannot
+            vouch for it).
         out_of_distribution : Tensor of shape (n,), bool
             True where the input is far outside the stitch's training inputs.
 
@@ -186,8 +188,10 @@ class ConfidenceHead(nn.Module):
         out = forward_batch_invariant(self._rows, xy)
         knots_x, knots_y = self.knots_x.float(), self.knots_y.float()
         confidence = _interp(out[:, 0], knots_x, knots_y).clamp(0.0, 1.0)
-        confidence = torch.nan_to_num(confidence, nan=0.0)
         ood = ~(out[:, 1] <= self.ood_threshold.float())  # NaN counts as out of distribution
+        # the calibration never saw such inputs, so it cannot vouch for them: 0, which also
+        # puts them first in a lowest-confidence-first re-embedding order
+        confidence = torch.where(ood, 0.0, torch.nan_to_num(confidence, nan=0.0))
         return confidence, ood
 
 

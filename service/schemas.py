@@ -154,12 +154,12 @@ class EmbeddingOut(BaseModel):
         le=1,
         description='With `"return_confidence": true` only: the stitch\'s calibrated estimate '
         "of the cosine between this translation and the target model's own vector of the same "
-        "text (higher = more trustworthy).",
+        "text (higher = more trustworthy); 0 when `out_of_distribution`.",
     )
     out_of_distribution: bool | None = Field(
         default=None,
         description='With `"return_confidence": true` only: the input lies far outside the '
-        "inputs the stitch was fitted on; its translation is a guess.",
+        "inputs the stitch was fitted on; its translation is a guess (confidence 0).",
     )
 
 

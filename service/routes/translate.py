@@ -174,7 +174,8 @@ async def translate(
     `"return_confidence": true` adds `confidence` (in [0, 1]: the stitch's calibrated
     estimate of the cosine between this translation and the target model's own vector) and
     `out_of_distribution` (the input is far from what the stitch was fitted on; its
-    confidence is then 0) to each `data[i]`; a stitch without a confidence head gets 422 `no_confidence`.
+    confidence is then 0) to each `data[i]`; a stitch without a confidence head gets 422
+    `no_confidence`.
 
     Bulk: a body of type `application/vnd.apache.arrow.stream` (an Arrow IPC stream of
     float32 vectors, options in the query string) is answered with an Arrow IPC stream:

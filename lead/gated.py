@@ -241,6 +241,8 @@ def fit_gated(
     with torch.no_grad():
         stitch.domain.load_state_dict(local.state_dict())
         stitch.general.load_state_dict(mlp.state_dict())
+        stitch.source_mean.copy_(mlp.source_mean)
+        stitch.target_mean.copy_(mlp.target_mean)
     stitch.info.fit = {
         "memory": memory,
         "domain_rows": domain_rows,

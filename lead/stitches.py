@@ -433,8 +433,9 @@ class GatedStitch(Stitch):
 
     Tensors: ``domain.*`` (a :class:`LocalStitch`'s), ``general.*`` (an
     :class:`MLPStitch`'s; each expert may hold its own ``output_scale`` when
-    ``expert_scales``), and the stitch's own ``source_mean`` and ``target_mean``, which
-    stay zero (each expert centres with its own means).
+    ``expert_scales``), and the stitch's own ``source_mean`` and ``target_mean``: the MLP's,
+    the means of every training pair (each expert centres with its own means; the stitch's
+    are what a caller reads as its training means, e.g. for the mean-estimator baseline).
 
     References
     ----------
@@ -509,7 +510,7 @@ class GatedStitch(Stitch):
         return share.clamp(0.0, 1.0)
 
     def _map(self, x_centred: Tensor) -> Tensor:
-        x = x_centred  # the stitch's own means are zero: this is the input itself
+        x = x_centred + self.source_mean  # the input: each expert centres it its own way
         domain = self.domain
         mapped, nearest = domain.map_and_nearest(x - domain.source_mean)
         if domain.output_scale is not None:
@@ -517,7 +518,7 @@ class GatedStitch(Stitch):
         y_domain = mapped + domain.target_mean
         y_general: Tensor = self.general(x)  # its normalize_output is off: the full vector
         a = self.gate(nearest).to(y_domain.dtype).unsqueeze(1)
-        return a * y_domain + (1 - a) * y_general
+        return a * y_domain + (1 - a) * y_general - self.target_mean
 
 
 class _Coupling(nn.Module):

@@ -52,9 +52,14 @@ def fitted(scifact_small: Any) -> tuple[GatedStitch, Any]:
     return stitch, everyday
 
 
-def test_the_memory_is_the_domain_and_the_gate_comes_from_it(fitted: Any) -> None:
-    stitch, _ = fitted
+def test_the_memory_is_the_domain_and_the_gate_comes_from_it(
+    fitted: Any, scifact_small: Any
+) -> None:
+    stitch, everyday = fitted
     assert stitch.memory == 300 and stitch.info.fit["domain_rows"] == 300
+    # its own means are every training pair's (what callers read as the training means)
+    Y = np.concatenate([scifact_small.corpus["mpnet"][:300], everyday["mpnet"][:40]])
+    np.testing.assert_allclose(stitch.target_mean.numpy(), Y.mean(axis=0), atol=1e-6)
     assert stitch.gate_high - stitch.gate_low == pytest.approx(0.1)
     assert 0.0 < stitch.gate_high < 1.0
 

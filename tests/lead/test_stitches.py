@@ -87,7 +87,7 @@ def test_dimensions_must_be_positive(d_src: int, d_tgt: int) -> None:
 
 
 def test_registry_resolves_names_and_rejects_unknown_ones() -> None:
-    assert set(STITCH_REGISTRY) == {"affine", "orthogonal", "mlp", "invertible", "local"}
+    assert set(STITCH_REGISTRY) == {"affine", "orthogonal", "mlp", "invertible", "local", "gated"}
     assert stitch_class("orthogonal") is OrthogonalStitch
     with pytest.raises(UnknownArchitectureError, match="known: affine"):
         stitch_class("lstm")

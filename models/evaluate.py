@@ -12,8 +12,8 @@ source model's own test queries over its own corpus; a translated vector only ca
 the source model captured, so keeping the old model is the natural ceiling).
 
 Two training regimes: ``scifact`` (the fold's SciFact documents only: what a user gets by
-training on their own corpus; for the weighted ``local`` method also the 809 non-test
-SciFact queries) and ``bundled`` (the same plus the bundled stitches' extra
+training on their own corpus; for the weighted ``local`` and ``gated`` methods also the
+809 non-test SciFact queries) and ``bundled`` (the same plus the bundled stitches' extra
 data: the 809 non-test SciFact queries and the 12,935 STS-B sentences). Writes
 ``models/retrieval.json``.
 """
@@ -50,6 +50,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # scale (calibrate_variance) for the e5 pairs, whose mixed corpora need it
     "local": ("local", {"max_memory": 6500}),
     "local-calibrated": ("local", {"max_memory": 6500, "calibrate_variance": True}),
+    # the bundled method (models/build.py): the local stitch near the SciFact memory, the
+    # MLP elsewhere; with each expert's output scale for the e5 pairs
+    "gated": ("gated", {"hidden_dim": 512, "max_epochs": 8, "patience": 2}),
+    "gated-calibrated": (
+        "gated",
+        {"hidden_dim": 512, "max_epochs": 8, "patience": 2, "calibrate_variance": True},
+    ),
 }
 
 

@@ -7,7 +7,10 @@ the same method (library initialisation, MKL kernels), resets the kernel's peak-
 (``/proc/self/clear_refs``; ``resource.getrusage(...).ru_maxrss``, the whole process's
 high-water mark, where that is not possible), times the real fit (ridge and Procrustes 3
 times, the fastest counts) and reads the peak (``VmHWM``) again: peak RSS during the
-fit(s), and its rise over the RSS just before.
+fit(s), and its rise over the RSS just before. The fitted stitch's forward is timed too
+(batch-invariant, as the service runs it; one vector and 1,024). Every row weighs 1, so a
+local or gated stitch keeps every pair in its memory (a gated stitch's gate then sends
+nearly everything to its local expert).
 
 Pairs are minilm → mpnet (384 → 768): the SciFact documents both models have (2,560), then
 the STS-B sentences (12,935), all real; beyond those 15,495 the set reuses real pairs with
@@ -108,6 +111,7 @@ def worker(method: str, n: int, options: dict[str, Any], repeats: int) -> dict[s
     confidence_seconds = time.perf_counter() - start
     peak = _status_mib("VmHWM") if reset else _maxrss_mib()
     assert before is not None and peak is not None
+    forward = _forward_ms(stitch, X)
     return {
         "method": method,
         "pairs": n,
@@ -122,7 +126,29 @@ def worker(method: str, n: int, options: dict[str, Any], repeats: int) -> dict[s
         "process_peak_rss_mib": _maxrss_mib(),
         "peak_measure": "VmHWM reset before the fit" if reset else "ru_maxrss",
         "fit_info": {k: v for k, v in stitch.info.fit.items() if k != "alpha_holdout_mse"},
+        "forward_ms": forward,
     }
+
+
+def _forward_ms(stitch: Any, X: np.ndarray) -> dict[str, float]:
+    """The fitted stitch's batch-invariant forward (as the service runs it), one thread:
+    median milliseconds for one vector and for 1,024."""
+    import torch
+
+    from lead.batch_invariance import forward_batch_invariant
+
+    out = {}
+    with torch.inference_mode():
+        for rows, calls in ((1, 200), (1024, 10)):
+            x = torch.from_numpy(np.ascontiguousarray(X[:rows], dtype=np.float32))
+            forward_batch_invariant(stitch, x)  # warm-up
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                forward_batch_invariant(stitch, x)
+                times.append(time.perf_counter() - start)
+            out[str(rows)] = 1000 * float(np.median(times))
+    return out
 
 
 def run(
@@ -134,7 +160,7 @@ def run(
     rows = []
     for method, options in methods.items():
         for n in sizes:
-            repeats = 1 if method == "mlp" else closed_form_repeats
+            repeats = 1 if method in ("mlp", "gated") else closed_form_repeats
             cmd = [
                 sys.executable,
                 "-m",
@@ -159,7 +185,9 @@ def run(
             log(
                 f"{method} n={n}: {row['seconds']:.2f} s (+{row['confidence_seconds']:.2f} s "
                 f"for the confidence head), peak RSS {row['peak_rss_mib']:.0f} MiB "
-                f"(+{row['fit_rss_increase_mib']:.0f} MiB during the fit)"
+                f"(+{row['fit_rss_increase_mib']:.0f} MiB during the fit); forward "
+                f"{row['forward_ms']['1']:.2f} ms (1 vector) / "
+                f"{row['forward_ms']['1024']:.1f} ms (1,024)"
             )
     return {
         "source": SOURCE,

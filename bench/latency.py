@@ -11,9 +11,10 @@ archive``) and both servers are measured in alternating rounds in one run, so th
 ratios hold on a shared, noisy machine. Each round, against a fresh uvicorn process:
 
 * **one client**, back to back, base64 single vectors of ``minilm-to-mpnet`` (the bundled
-  MLP stitch): p50 / p99 and requests/s, with a lean keep-alive socket client (what a
-  compiled client adds: microseconds) and with ``httpx.Client`` (what a Python client adds:
-  ~0.3-0.4 ms per call);
+  gated stitch; ``--stitch FOLDER``, repeatable, serves others side by side): p50 / p99
+  and requests/s, with a lean keep-alive socket client (what a compiled client adds:
+  microseconds) and with ``httpx.Client`` (what a Python client adds: ~0.3-0.4 ms per
+  call);
 * **64 concurrent clients** (one asyncio process, a keep-alive connection each, each
   sending its next request when the previous answered): total requests/s, p50 / p99, the
   statuses (429s counted: the default admission limits apply), and the ratio of their
@@ -48,11 +49,11 @@ STITCH = "minilm-to-mpnet"
 WARMUP = 200
 
 
-def _body(seed: int = 0) -> bytes:
+def _body(stitch: str = STITCH, seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     vector = rng.standard_normal(384).astype("<f4")
     vector /= np.linalg.norm(vector)
-    payload = {"stitch": STITCH, "input": [base64.b64encode(vector.tobytes()).decode()]}
+    payload = {"stitch": stitch, "input": [base64.b64encode(vector.tobytes()).decode()]}
     return orjson.dumps({**payload, "encoding_format": "base64"})
 
 
@@ -157,12 +158,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(root: Path, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(root: Path, data_dir: Path, stitch_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(root),
-        "LEAD_STITCHES": orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
+        "LEAD_STITCHES": orjson.dumps([str(stitch_dir)]).decode(),
         "LEAD_DEVICE": "cpu",
         "LEAD_ENABLE_JOBS": "false",
         "LEAD_LOAD_IN_BACKGROUND": "false",
@@ -183,12 +184,15 @@ def _serve(root: Path, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError(f"the server in {root} was not ready in 120 s")
 
 
-def measure(root: Path, n: int, seconds: float, clients: int) -> dict[str, Any]:
-    """One round against a fresh server running the code under ``root``."""
-    body = _body()
+def measure(
+    root: Path, n: int, seconds: float, clients: int, stitch_dir: Path = REPO / "models" / STITCH
+) -> dict[str, Any]:
+    """One round against a fresh server running the code under ``root`` and serving the
+    stitch in ``stitch_dir`` (384-d inputs)."""
+    body = _body(stitch_dir.name)
     request = request_bytes(body)
     with tempfile.TemporaryDirectory() as data_dir:
-        proc, port = _serve(root, Path(data_dir))
+        proc, port = _serve(root, Path(data_dir), stitch_dir)
         try:
             socket_one, answer = one_client_socket(port, request, n)
             httpx_one = one_client_httpx(port, body, n)
@@ -221,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="of the concurrent run")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument(
+        "--stitch",
+        action="append",
+        type=Path,
+        metavar="FOLDER",
+        help="a stitch folder of 384-d inputs to serve (repeatable: measured side by side in "
+        "each round, by folder name); default: the bundled models/minilm-to-mpnet",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="1 round, 500 requests, 3 s, written to bench/results/quick/ (not committed)",
@@ -233,12 +245,24 @@ def main(argv: list[str] | None = None) -> int:
         roots = {"this checkout": REPO}
         if args.baseline:
             roots[f"baseline {args.baseline}"] = _export(args.baseline, Path(tmp))
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in roots}
+        stitches = [p.resolve() for p in args.stitch or [REPO / "models" / STITCH]]
+        runs = {
+            name if len(stitches) == 1 else f"{name}: {folder.name}": (root, folder)
+            for name, root in roots.items()
+            for folder in stitches
+        }
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
         for i in range(args.rounds):
-            for name, root in roots.items():
+            for name, (root, folder) in runs.items():
                 log(f"latency round {i + 1}/{args.rounds}: {name}")
-                rounds[name].append(measure(root, args.requests, args.seconds, args.clients))
-    result: dict[str, Any] = {"stitch": STITCH, "clients": args.clients, "servers": {}}
+                rounds[name].append(
+                    measure(root, args.requests, args.seconds, args.clients, folder)
+                )
+    result: dict[str, Any] = {
+        "stitch": ", ".join(folder.name for folder in stitches),
+        "clients": args.clients,
+        "servers": {},
+    }
     for name, measured in rounds.items():
         answers = {m.pop("answer") for m in measured}
         summary = {

@@ -49,7 +49,7 @@ def acceptance(tp: Any, mig: Any, qual: Any) -> tuple[list[str], dict[str, Any]]
         out["http_fraction"] = acc["worst"]
         out["http_fraction_by_kind"] = acc.get("worst_by_kind")
         for kind, what in (
-            ("bundled (MLP)", "the bundled stitches (the service's defaults), worst"),
+            ("bundled", "the bundled stitches (the service's defaults), worst"),
             ("ridge", "ridge stitches (a single matrix product: the worst case), worst"),
         ):
             stitches = [k for k in acc["per_stitch"] if kinds.get(k, "ridge") == kind]
@@ -64,7 +64,7 @@ def acceptance(tp: Any, mig: Any, qual: Any) -> tuple[list[str], dict[str, Any]]
                     if k in rounds
                 )
             ok = worst >= THRESHOLDS["http_fraction"]
-            if kind == "bundled (MLP)":
+            if kind == "bundled":
                 verdict = _verdict(ok)
             else:
                 verdict = ("above" if ok else "below") + " (the worst case; reported, not judged)"

@@ -261,7 +261,7 @@ class Route:
                 y = forward_batch_invariant(run, source)
                 head = entry.stitch.confidence_head
                 if scored and head is not None:  # confidence_problem() checked every head
-                    score, far = head.score(source, y)
+                    score, far = head.score(source, _for_scoring(entry.stitch, y))
                     confidence = score if confidence is None else confidence * score
                     ood = far if ood is None else ood | far
             if normalize:
@@ -295,6 +295,18 @@ class Route:
         )
 
 
+def _for_scoring(stitch: Stitch, y: Tensor) -> Tensor:
+    """``y`` as a confidence head scores it: as is in float32; in a reduced precision, in
+    float32 and (for a stitch with unit outputs) back on the unit sphere. The head's
+    features include prediction norms, which bfloat16 rounding of a unit row moves by
+    ~4e-3, enough to shift the bundled stitches' confidences by up to 0.30; renormalised,
+    by at most 0.03 (everyday sentences)."""
+    if y.dtype == torch.float32:
+        return y
+    y = y.float()
+    return unit_rows(y) if stitch.normalize_output else y
+
+
 def _to_device(x: np.ndarray, device: torch.device) -> Tensor:
     """``x`` on ``device``: on a GPU through pinned memory, the copy queued (not awaited)."""
     host = torch.from_numpy(x)
@@ -319,6 +331,8 @@ def _to_host(y: Tensor, masks: list[Tensor]) -> tuple[np.ndarray, list[np.ndarra
 #: A stitch is served in a reduced precision (``LEAD_DTYPE=float16`` / ``bfloat16``) only
 #: when its answers on the probe batch keep at least this cosine to its float32 answers.
 REDUCED_PRECISION_MIN_COSINE = 0.999
+#: ... and, for a stitch with a confidence head, its confidences move by at most this much.
+REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT = 0.05
 
 
 def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> Stitch:
@@ -330,7 +344,8 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
     answers: the reduced copy is compared with float32 on a seeded probe batch
     (:func:`_probe_batch`; both directions of an invertible stitch) and kept only when
     every row's cosine to the float32 answer is at least
-    :data:`REDUCED_PRECISION_MIN_COSINE`.
+    :data:`REDUCED_PRECISION_MIN_COSINE` and, for a stitch with a confidence head, no
+    row's confidence moves by more than :data:`REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT`.
 
     Parameters
     ----------
@@ -353,30 +368,35 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
     if head is not None:  # quadratic forms: kept in float32, whatever the stitch runs in
         reduced.confidence_head = head
     directions = [False, True] if isinstance(stitch, InvertibleStitch) else [False]
-    worst = 1.0
+    worst, drift = 1.0, 0.0
     with torch.inference_mode():
         for inverse in directions:
             exact_run, d_in, _ = oriented(stitch, inverse=inverse)
             approx_run = oriented(reduced, inverse=inverse)[0]
             mean = getattr(stitch, "target_mean" if inverse else "source_mean", None)
             x = _probe_batch(d_in, mean).to(device)
-            exact, approx = exact_run(x), approx_run(x.to(dtype)).float()
-            cosine = nn.functional.cosine_similarity(exact, approx, dim=1)
+            exact, approx = exact_run(x), approx_run(x.to(dtype))
+            cosine = nn.functional.cosine_similarity(exact, approx.float(), dim=1)
             finite = bool(torch.isfinite(approx).all() and torch.isfinite(cosine).all())
             worst = min(worst, float(cosine.min())) if finite else float("nan")
             if not finite:
                 break
-    if worst >= REDUCED_PRECISION_MIN_COSINE:  # False for NaN
-        return reduced
+            if head is not None and not inverse:  # the confidences must hold too
+                moved = head.score(x, exact)[0] - head.score(x, _for_scoring(stitch, approx))[0]
+                drift = max(drift, float(moved.abs().max()))
+    if worst >= REDUCED_PRECISION_MIN_COSINE and drift <= REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT:
+        return reduced  # False for NaN
     logger.warning(
-        "stitch %s → %s runs in float32, not %s: its %s answers on the probe batch reach a "
-        "cosine of only %.4f to the float32 ones (need %s)",
+        "stitch %s → %s runs in float32, not %s: on the probe batch its answers reach a "
+        "cosine of only %.4f to the float32 ones (need %s) or its confidences move by %.3f "
+        "(at most %s)",
         stitch.info.source_model,
         stitch.info.target_model,
         str(dtype).removeprefix("torch."),
-        str(dtype).removeprefix("torch."),
         worst,
         REDUCED_PRECISION_MIN_COSINE,
+        drift,
+        REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT,
     )
     return stitch
 

@@ -348,6 +348,10 @@ def _load_folder(folder: Path) -> Stitch:
         if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
             raise StitchFormatError(f"tensor {name!r} must be finite floating point numbers")
     stitch.load_state_dict({k: t.float() for k, t in tensors.items()}, strict=True)
+    try:
+        stitch.check_loaded()
+    except LeadError as error:
+        raise StitchFormatError(f"{folder}: {error}") from None
     if stitch.confidence_head is not None:
         check_head(stitch.confidence_head)
     return stitch

@@ -43,6 +43,8 @@ __all__ = ["check_gated_options", "fit_gated", "gate_bounds"]
 
 #: In-domain rows: weight at least this share of the largest weight.
 DOMAIN_SHARE = 0.5
+#: The narrowest gate: its bounds stay apart in float32 around any cosine.
+MIN_GATE_WIDTH = 1e-4
 
 
 def check_gated_options(
@@ -79,7 +81,8 @@ def check_gated_options(
     )
     MLPConfig(hidden_dim=hidden_dim, depth=depth, max_epochs=max_epochs, patience=patience)
     check_float_option(gate_quantile, "gate_quantile", minimum=0.0, maximum=1.0)
-    check_float_option(gate_width, "gate_width", minimum=0.0, inclusive=False, maximum=2.0)
+    # a width that leaves the bounds apart in float32
+    check_float_option(gate_width, "gate_width", minimum=MIN_GATE_WIDTH, maximum=2.0)
 
 
 def gate_bounds(keys: Tensor, quantile: float, width: float) -> tuple[float, float]:
@@ -151,7 +154,7 @@ def fit_gated(
     gate_quantile : float in [0, 1], default 0.05
         Share of the in-domain rows whose leave-one-out highest cosine falls below the
         gate's upper bound (:func:`gate_bounds`).
-    gate_width : float, default 0.1
+    gate_width : float in [1e-4, 2], default 0.1
         Cosine span over which the gate goes from the MLP (0) to the local stitch (1).
     calibrate_variance : bool, default False
         Fit each expert's output scale (:func:`lead.calibration.fit_output_scale`).

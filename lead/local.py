@@ -15,7 +15,6 @@ the documents) → 0.933 (weighted: documents 1, training queries 1, STS-B sente
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -93,9 +92,12 @@ def check_local_options(
     # through lead._options: an integer beyond the float range is "not finite", not an
     # OverflowError when the fit converts it (a failed job instead of a 422)
     check_float_option(alpha, "alpha", minimum=0.0, inclusive=False)
-    check_float_option(temperature, "temperature", minimum=LocalStitch.MIN_TEMPERATURE)
+    bound = LocalStitch.MAX_OPTION
+    check_float_option(
+        temperature, "temperature", minimum=LocalStitch.MIN_TEMPERATURE, maximum=bound
+    )
     for name, value in (("strength", strength), ("sink", sink)):
-        check_float_option(value, name, minimum=-math.inf)
+        check_float_option(value, name, minimum=-bound, maximum=bound)
     check_int_option(k, "k", minimum=1)
     if max_memory is not None:
         check_int_option(max_memory, "max_memory", minimum=1)

@@ -176,6 +176,18 @@ class Stitch(nn.Module):
         tensor = torch.full((1,), value, dtype=self.target_mean.dtype)
         self.output_scale = nn.Parameter(tensor.to(self.target_mean.device), requires_grad=False)
 
+    def check_loaded(self) -> None:
+        """Check tensor values that shapes and finiteness do not cover, after loading a
+        file: an output scale must be positive (:meth:`set_output_scale` refuses others).
+
+        Raises
+        ------
+        InvalidInputError
+            A value the stitch could not have been fitted with.
+        """
+        if self.output_scale is not None and not bool((self.output_scale > 0).all()):
+            raise InvalidInputError("output_scale must be positive", param="output_scale")
+
     def _map(self, x_centred: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -334,6 +346,11 @@ class LocalStitch(Stitch):
     CHUNK = 1024
     #: The smallest temperature: ``1 / temperature`` must stay far inside float32's range.
     MIN_TEMPERATURE = 1e-6
+    #: The largest magnitude of ``temperature``, ``strength`` and ``sink`` (a cosine sink and
+    #: a correction scale far beyond it mean nothing, and overflow float32).
+    MAX_OPTION = 1e3
+    #: How far a memory key's norm may be from 1 (float16 storage rounds to ~1e-3).
+    KEY_NORM_TOLERANCE = 1e-2
 
     def __init__(
         self,
@@ -348,18 +365,23 @@ class LocalStitch(Stitch):
         **kwargs: Any,
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
-        finite = all(math.isfinite(v) for v in (temperature, strength, sink))
+        reals = (temperature, strength, sink)
+        bounded = all(
+            not isinstance(v, bool) and isinstance(v, int | float) and abs(v) <= self.MAX_OPTION
+            for v in reals
+        )
         if (
             memory < 1
             or not 1 <= k <= memory
             or int(k) != k
-            or not finite
+            or not bounded
             or not temperature >= self.MIN_TEMPERATURE
         ):
             raise ShapeMismatchError(
-                f"need memory >= 1, an integer 1 <= k <= memory, temperature >= "
-                f"{self.MIN_TEMPERATURE:g} and a finite strength and sink, got memory={memory}, "
-                f"k={k}, temperature={temperature}, strength={strength}, sink={sink}",
+                f"need memory >= 1, an integer 1 <= k <= memory, {self.MIN_TEMPERATURE:g} <= "
+                f"temperature and strength and sink real numbers within +-{self.MAX_OPTION:g}, "
+                f"got memory={memory}, k={k}, temperature={temperature}, strength={strength}, "
+                f"sink={sink}",
                 expected="memory >= k >= 1",
                 got=(memory, k),
             )
@@ -369,6 +391,20 @@ class LocalStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         self.keys = nn.Parameter(torch.zeros(memory, d_src))
         self.values = nn.Parameter(torch.zeros(memory, d_tgt))
+
+    def check_loaded(self) -> None:
+        """:meth:`Stitch.check_loaded`, and the memory keys must be unit rows (they are
+        compared by cosine).
+
+        Raises
+        ------
+        InvalidInputError
+            A non-positive output scale, or a key that is not of unit length.
+        """
+        super().check_loaded()
+        off = (self.keys.detach().float().norm(dim=1) - 1).abs()
+        if bool((off > self.KEY_NORM_TOLERANCE).any()):
+            raise InvalidInputError("the memory keys must be unit rows", param="keys")
 
     def _map(self, x_centred: Tensor) -> Tensor:
         if self.strength == 0:
@@ -453,6 +489,8 @@ class GatedStitch(Stitch):
     )
     domain: LocalStitch
     general: MLPStitch
+    #: The widest gate bounds: a cosine lies in [-1, 1], a bound minus a width of 2 in [-3, 1].
+    MAX_GATE = 3.0
 
     def __init__(
         self,
@@ -472,13 +510,22 @@ class GatedStitch(Stitch):
         **kwargs: Any,
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
-        if not (math.isfinite(gate_low) and math.isfinite(gate_high) and gate_low < gate_high):
+        bounds = (gate_low, gate_high)
+        real = all(not isinstance(v, bool) and isinstance(v, int | float) for v in bounds)
+        if not (real and -self.MAX_GATE <= gate_low < gate_high <= self.MAX_GATE):
             raise ShapeMismatchError(
-                f"need finite gate bounds with gate_low < gate_high, got {gate_low}, {gate_high}",
+                f"need gate bounds -{self.MAX_GATE:g} <= gate_low < gate_high <= "
+                f"{self.MAX_GATE:g}, got {gate_low!r}, {gate_high!r}",
                 expected="gate_low < gate_high",
                 got=(gate_low, gate_high),
             )
-        scales = bool(expert_scales)
+        if not isinstance(expert_scales, bool):
+            raise ShapeMismatchError(
+                f"expert_scales must be true or false, got {expert_scales!r}",
+                expected="a boolean",
+                got=expert_scales,
+            )
+        scales = expert_scales
         self.domain = LocalStitch(
             d_src,
             d_tgt,
@@ -502,6 +549,18 @@ class GatedStitch(Stitch):
         if name in MLPStitch.config_keys:
             return getattr(self._modules["general"], name)
         return super().__getattr__(name)
+
+    def check_loaded(self) -> None:
+        """Each expert's :meth:`check_loaded`.
+
+        Raises
+        ------
+        InvalidInputError
+            As :meth:`LocalStitch.check_loaded`.
+        """
+        super().check_loaded()
+        self.domain.check_loaded()
+        self.general.check_loaded()
 
     def gate(self, nearest: Tensor) -> Tensor:
         """The local stitch's share :math:`a` for rows whose highest memory cosine is

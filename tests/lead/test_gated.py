@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from safetensors.torch import load_file as load_file_pt
+from safetensors.torch import save_file as save_file_pt
 
 from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
@@ -126,6 +128,9 @@ def test_calibration_scales_each_expert(scifact_small: Any) -> None:
     [
         ({"gate_quantile": 1.5}, "gate_quantile"),
         ({"gate_width": 0.0}, "gate_width"),
+        ({"gate_width": 1e-20}, "gate_width"),  # bounds equal in float: refused after the fit
+        ({"sink": 1e39}, "sink"),  # beyond float32: crashed after the fit
+        ({"strength": 1e300}, "strength"),
         ({"k": 0}, "k"),
         ({"hidden_dim": 0}, "hidden_dim"),
         ({"bogus": 1}, "bogus"),
@@ -136,6 +141,57 @@ def test_bad_options_are_named(options: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidInputError) as caught:
         fit_stitch(X, X, "gated", **options)
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"gate_low": 0.6, "gate_high": 0.5},  # upside down
+        {"gate_low": -1e308, "gate_high": 1e308},  # loaded, then every translation failed
+        {"gate_low": False, "gate_high": True},  # read as 0 and 1
+        {"expert_scales": "no"},  # read as true
+        {"sink": 1e39},  # beyond float32: a traceback at translate time
+        {"strength": 1e300},
+        {"temperature": 1e300},
+    ],
+)
+def test_a_stitch_file_with_values_it_could_not_be_fitted_with_is_refused(
+    fitted: Any, tmp_path: Path, edit: dict[str, Any]
+) -> None:
+    stitch, _ = fitted
+    save_stitch(stitch, tmp_path / "g")
+    config_path = tmp_path / "g" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
+    with pytest.raises(StitchFormatError):
+        load_stitch(tmp_path / "g")
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.0])
+def test_a_stitch_file_whose_memory_keys_are_not_unit_rows_is_refused(
+    fitted: Any, tmp_path: Path, scale: float
+) -> None:
+    """Scaled or zeroed keys loaded and translated, wrongly (gate cosines above 1)."""
+    stitch, _ = fitted
+    save_stitch(stitch, tmp_path / "g")
+    weights = tmp_path / "g" / "model.safetensors"
+    tensors = load_file_pt(weights)
+    tensors["domain.keys"] = tensors["domain.keys"] * scale
+    save_file_pt(tensors, weights)
+    with pytest.raises(StitchFormatError, match="unit rows"):
+        load_stitch(tmp_path / "g")
+
+
+def test_a_stitch_file_with_a_non_positive_expert_scale_is_refused(
+    scifact_small: Any, tmp_path: Path
+) -> None:
+    X, Y = scifact_small.corpus["minilm"][:200], scifact_small.corpus["mpnet"][:200]
+    save_stitch(fit_stitch(X, Y, "gated", calibrate_variance=True, **FAST), tmp_path / "g")
+    weights = tmp_path / "g" / "model.safetensors"
+    tensors = load_file_pt(weights)
+    tensors["general.output_scale"] = -tensors["general.output_scale"]
+    save_file_pt(tensors, weights)
+    with pytest.raises(StitchFormatError, match="output_scale"):
+        load_stitch(tmp_path / "g")
 
 
 def test_a_stitch_file_whose_gate_is_upside_down_is_refused(fitted: Any, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
 from lead.closed_form import ProgressCallback, fit_ridge
 from lead.errors import FitError, InvalidInputError
-from lead.splits import holdout_split
+from lead.splits import early_stopping_split
 from lead.stitches import InvertibleStitch, _Coupling, unit_rows
 
 __all__ = ["COVARIANCE_REGS", "InvertibleConfig", "train_invertible"]
@@ -338,7 +338,9 @@ def train_invertible(
     X, Y = check_pairs(X, Y, minimum=8)
     n, d_src = X.shape
     device = torch.device(config.device)
-    train_idx, val_idx = holdout_split(n, config.holdout_fraction, config.seed)
+    train_idx, val_idx = early_stopping_split(
+        n, config.holdout_fraction, config.seed, method="invertible"
+    )
     torch.manual_seed(config.seed)
     model = InvertibleStitch(
         d_src,

@@ -6,11 +6,13 @@ scorecard can name its held-out rows by these three numbers alone.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lead.errors import InvalidInputError, TooFewPairsError
 
-__all__ = ["MIN_SPLIT_SIDE", "holdout_split", "kfold_indices"]
+__all__ = ["MIN_SPLIT_SIDE", "early_stopping_split", "holdout_split", "kfold_indices"]
 
 #: Fewest rows allowed on each side of a hold-out split.
 MIN_SPLIT_SIDE = 4
@@ -66,6 +68,42 @@ def holdout_split(
         )
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[n_test:]), np.sort(order[:n_test])
+
+
+def early_stopping_split(
+    n: int, holdout_fraction: float, seed: int, *, method: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`holdout_split` of a trained method's own early-stopping rows, whose error
+    says how many pairs the method needs (not the caller's hold-out, which it is not).
+
+    Raises
+    ------
+    InvalidInputError
+        If ``holdout_fraction`` is not in (0, 1).
+    TooFewPairsError
+        If ``n`` pairs are too few (the message gives the fewest that are enough).
+    """
+    try:
+        return holdout_split(n, holdout_fraction, seed)
+    except TooFewPairsError:
+        fraction = float(holdout_fraction)
+        start = max(n + 1, math.ceil((MIN_SPLIT_SIDE - 0.5) / fraction))
+        need = next(
+            (
+                m
+                for m in range(start, start + 1000)
+                if MIN_SPLIT_SIDE <= round(m * fraction) <= m - MIN_SPLIT_SIDE
+            ),
+            start,
+        )
+        raise TooFewPairsError(
+            f"the {method} fit holds out {holdout_fraction:g} of its {n} training pairs for "
+            f"early stopping and needs at least {need} of them (add pairs, or raise its "
+            "holdout_fraction option)",
+            minimum=need,
+            got=n,
+            param="holdout_fraction",
+        ) from None
 
 
 def kfold_indices(n: int, folds: int = 5, seed: int = 0) -> list[np.ndarray]:

@@ -18,7 +18,7 @@ from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
 from lead.closed_form import ProgressCallback, fit_ridge
 from lead.errors import InvalidInputError
-from lead.splits import holdout_split
+from lead.splits import early_stopping_split
 from lead.stitches import MLPStitch
 
 __all__ = ["INITS", "LOSSES", "MLPConfig", "train_mlp"]
@@ -224,7 +224,7 @@ def train_mlp(
     device = torch.device(config.device)
 
     # split: early stopping watches pairs that the gradient never sees
-    train_idx, val_idx = holdout_split(n, config.holdout_fraction, config.seed)
+    train_idx, val_idx = early_stopping_split(n, config.holdout_fraction, config.seed, method="MLP")
     X_train, Y_train = X[train_idx], Y[train_idx]
     X_val, Y_val = X[val_idx], Y[val_idx]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lead.errors import InvalidInputError, TooFewPairsError
-from lead.splits import holdout_split, kfold_indices
+from lead.splits import early_stopping_split, holdout_split, kfold_indices
 
 
 def test_holdout_split_follows_the_documented_permutation() -> None:
@@ -51,3 +51,16 @@ def test_kfold_indices_errors() -> None:
         kfold_indices(10, folds=1)
     with pytest.raises(TooFewPairsError):
         kfold_indices(3, folds=5)
+
+
+def test_a_methods_early_stopping_split_says_how_many_pairs_it_needs() -> None:
+    """The MLP's own 10 % early-stopping rows were reported as the caller's hold-out
+    ("cannot hold out 0.1 of 16 pairs"), naming no way out."""
+    from lead.fitting import fit_stitch
+
+    X = np.random.default_rng(0).normal(size=(16, 4))
+    with pytest.raises(TooFewPairsError, match="needs at least 35") as caught:
+        fit_stitch(X, X, "mlp", max_epochs=1)
+    assert caught.value.minimum == 35 and caught.value.got == 16
+    train, held = early_stopping_split(35, 0.1, 0, method="MLP")  # enough: 31 + 4
+    assert (len(train), len(held)) == (31, 4)

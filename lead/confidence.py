@@ -490,5 +490,5 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
         y = forward_batch_invariant(stitch, source)
         if not bool(torch.isfinite(y).all()):
             raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
-        confidence, ood = head.score(source, y)
+        confidence, ood = stitch.score_confidence(source, y)
     return y.float().cpu(), confidence.cpu(), ood.cpu()

@@ -259,9 +259,9 @@ class Route:
                 run = oriented(entry.stitch, inverse=self.inverse)[0]
                 source = y.to(entry.dtype)
                 y = forward_batch_invariant(run, source)
-                head = entry.stitch.confidence_head
-                if scored and head is not None:  # confidence_problem() checked every head
-                    score, far = head.score(source, _for_scoring(entry.stitch, y))
+                # confidence_problem() checked every head
+                if scored and entry.stitch.confidence_head is not None:
+                    score, far = entry.stitch.score_confidence(source, y)
                     confidence = score if confidence is None else confidence * score
                     ood = far if ood is None else ood | far
             if normalize:
@@ -293,18 +293,6 @@ class Route:
             row=row,
             param=f"input[{row}]",
         )
-
-
-def _for_scoring(stitch: Stitch, y: Tensor) -> Tensor:
-    """``y`` as a confidence head scores it: as is in float32; in a reduced precision, in
-    float32 and (for a stitch with unit outputs) back on the unit sphere. The head's
-    features include prediction norms, which bfloat16 rounding of a unit row moves by
-    ~4e-3, enough to shift the bundled stitches' confidences by up to 0.30; renormalised,
-    by at most 0.03 (everyday sentences)."""
-    if y.dtype == torch.float32:
-        return y
-    y = y.float()
-    return unit_rows(y) if stitch.normalize_output else y
 
 
 def _to_device(x: np.ndarray, device: torch.device) -> Tensor:
@@ -382,7 +370,9 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
             if not finite:
                 break
             if head is not None and not inverse:  # the confidences must hold too
-                moved = head.score(x, exact)[0] - head.score(x, _for_scoring(stitch, approx))[0]
+                moved = (
+                    stitch.score_confidence(x, exact)[0] - reduced.score_confidence(x, approx)[0]
+                )
                 drift = max(drift, float(moved.abs().max()))
     if worst >= REDUCED_PRECISION_MIN_COSINE and drift <= REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT:
         return reduced  # False for NaN

@@ -256,3 +256,18 @@ def test_pool_adjacent_violators_gives_increasing_centroid_knots() -> None:
     # blocks {0} -> 1, {1, 2} -> 2.5, {3, 4} -> 4, at their centroids in x
     assert knots_x.tolist() == [0.0, 1.5, 3.5]
     assert knots_y.tolist() == [1.0, 2.5, 4.0]
+
+
+def test_a_stitch_in_bfloat16_keeps_its_confidences() -> None:
+    """The library path scores a reduced-precision output like the service does: in
+    float32, renormalised (bfloat16 rounding of unit rows moved the bundled stitches'
+    confidences by up to 0.30)."""
+    models = Path(__file__).resolve().parents[2] / "models"
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    x = load_file(fixtures / "everyday_sentences.safetensors")["minilm"]
+    exact = load_stitch(models / "minilm-to-mpnet")
+    reduced = load_stitch(models / "minilm-to-mpnet").to(torch.bfloat16)
+    reduced.confidence_head = exact.confidence_head  # quadratic forms: float32
+    want = translate_with_confidence(exact, x)[1]
+    got = translate_with_confidence(reduced, x)[1]
+    assert float((want - got).abs().max()) <= 0.05

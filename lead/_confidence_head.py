@@ -18,16 +18,23 @@ from lead.errors import ShapeMismatchError, StitchFormatError
 __all__ = [
     "CONFIDENCE_METHOD",
     "CONFIDENCE_VERSION",
+    "MAX_STITCH_FEATURES",
     "N_FEATURES",
+    "READABLE_VERSIONS",
     "ConfidenceHead",
     "check_head",
     "head_from_config",
 ]
 
 CONFIDENCE_METHOD = "bootstrap-ridge-disagreement+isotonic"
-CONFIDENCE_VERSION = 1
+#: Version 2 adds the stitch's own features (``stitch_features``); version 1 heads (none)
+#: are still read.
+CONFIDENCE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 #: Number of the scalar features (see :mod:`lead.confidence`).
 N_FEATURES = 5
+#: Most stitch features a head takes (:meth:`lead.stitches.Stitch.confidence_features`).
+MAX_STITCH_FEATURES = 16
 _TINY = 1e-12
 
 
@@ -42,6 +49,10 @@ class ConfidenceHead(nn.Module):
         Columns of the disagreement factor and of the principal basis (``<= d_src + 1``).
     knots : int
         Number of calibration knots (``>= 2``).
+    stitch_features : int, default 0
+        Number of the stitch's own per-row features
+        (:meth:`lead.stitches.Stitch.confidence_features`, e.g. a gated stitch's nearest
+        memory cosine), ``0 <= stitch_features <=`` :data:`MAX_STITCH_FEATURES`.
 
     Notes
     -----
@@ -49,27 +60,38 @@ class ConfidenceHead(nn.Module):
     stitch is moved to: ``source_mean`` (d_src,), ``target_mean`` (d_tgt,),
     ``projection`` (d_src, 2 rank + 1) holding ``[G_x | P | beta_x]`` (disagreement factor,
     whitened least-variance axes, linear term in ``x``), ``disagreement_offset`` (rank,)
-    the intercept row of ``G``, ``feature_weight`` (N_FEATURES,), ``bias`` (1,),
+    the intercept row of ``G``, ``feature_weight`` (N_FEATURES + stitch_features,),
+    ``bias`` (1,),
     ``knots_x`` / ``knots_y`` (knots,) and ``ood_threshold`` (1,).
 
     With ``xc = x - source_mean``, ``p = xc @ projection``:
     ``disagreement = |p[:, :k] + disagreement_offset|^2``, ``distance = |p[:, k:2k]|^2``,
-    ``raw = log(features) @ feature_weight + p[:, 2k] + bias``,
+    ``raw = log(features) @ feature_weight[:N_FEATURES] + extra @
+    feature_weight[N_FEATURES:] + p[:, 2k] + bias`` (``extra``: the stitch's features),
     ``out_of_distribution = distance > ood_threshold`` and
     ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)``, or 0 where out of
     distribution.
     """
 
-    def __init__(self, d_src: int, d_tgt: int, *, rank: int, knots: int) -> None:
+    def __init__(
+        self, d_src: int, d_tgt: int, *, rank: int, knots: int, stitch_features: int = 0
+    ) -> None:
         super().__init__()
-        if min(d_src, d_tgt, rank) < 1 or knots < 2 or rank > d_src + 1:
+        if (
+            min(d_src, d_tgt, rank) < 1
+            or knots < 2
+            or rank > d_src + 1
+            or not 0 <= stitch_features <= MAX_STITCH_FEATURES
+        ):
             raise ShapeMismatchError(
-                f"need positive dimensions, 1 <= rank <= d_src + 1 and knots >= 2, got "
-                f"d_src={d_src}, d_tgt={d_tgt}, rank={rank}, knots={knots}",
+                f"need positive dimensions, 1 <= rank <= d_src + 1, knots >= 2 and 0 <= "
+                f"stitch_features <= {MAX_STITCH_FEATURES}, got d_src={d_src}, d_tgt={d_tgt}, "
+                f"rank={rank}, knots={knots}, stitch_features={stitch_features}",
                 expected="valid head dimensions",
-                got=(d_src, d_tgt, rank, knots),
+                got=(d_src, d_tgt, rank, knots, stitch_features),
             )
         self.d_src, self.d_tgt, self.rank, self.knots = int(d_src), int(d_tgt), rank, knots
+        self.stitch_features = int(stitch_features)
         #: the calibration report (config.json ``confidence.report``)
         self.report: dict[str, Any] = {}
         shapes = {
@@ -77,7 +99,7 @@ class ConfidenceHead(nn.Module):
             "target_mean": (d_tgt,),
             "projection": (d_src, 2 * rank + 1),
             "disagreement_offset": (rank,),
-            "feature_weight": (N_FEATURES,),
+            "feature_weight": (N_FEATURES + stitch_features,),
             "bias": (1,),
             "knots_x": (knots,),
             "knots_y": (knots,),
@@ -112,10 +134,11 @@ class ConfidenceHead(nn.Module):
             "version": CONFIDENCE_VERSION,
             "rank": self.rank,
             "knots": self.knots,
+            "stitch_features": self.stitch_features,
             "report": self.report,
         }
 
-    def _raw(self, x: Tensor, y_pred: Tensor) -> tuple[Tensor, Tensor]:
+    def _raw(self, x: Tensor, y_pred: Tensor, extra: Tensor) -> tuple[Tensor, Tensor]:
         """(prediction before calibration, Mahalanobis distance), float32, row by row."""
         k = self.rank
         xc = x - self.source_mean.float()
@@ -134,15 +157,23 @@ class ConfidenceHead(nn.Module):
             ],
             dim=1,
         )
-        raw = torch.log(features + _TINY) @ self.feature_weight.float() + proj[:, 2 * k]
+        weight = self.feature_weight.float()
+        raw = torch.log(features + _TINY) @ weight[:N_FEATURES] + proj[:, 2 * k]
+        if self.stitch_features:
+            raw = raw + extra @ weight[N_FEATURES:]
         raw = raw + self.bias.float()
         return raw, distance
 
-    def _rows(self, xy: Tensor) -> Tensor:
-        raw, distance = self._raw(xy[:, : self.d_src], xy[:, self.d_src :])
+    def _rows(self, packed: Tensor) -> Tensor:
+        split = self.d_src + self.d_tgt
+        raw, distance = self._raw(
+            packed[:, : self.d_src], packed[:, self.d_src : split], packed[:, split:]
+        )
         return torch.stack([raw, distance], dim=1)
 
-    def score(self, x: Tensor, y_pred: Tensor) -> tuple[Tensor, Tensor]:
+    def score(
+        self, x: Tensor, y_pred: Tensor, extra: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Confidence and out-of-distribution flag of each translated row.
 
         Parameters
@@ -152,6 +183,10 @@ class ConfidenceHead(nn.Module):
             :func:`lead.unit_input.normalize_input`), any floating dtype.
         y_pred : Tensor of shape (n, d_tgt)
             The stitch's output for ``x``.
+        extra : Tensor of shape (n, stitch_features), optional
+            The stitch's own features of ``x``
+            (:meth:`lead.stitches.Stitch.confidence_features`); required when the head
+            has ``stitch_features``.
 
         Returns
         -------
@@ -172,20 +207,24 @@ class ConfidenceHead(nn.Module):
         Batch-invariant: row ``i``'s answer is bit-identical whatever the other rows
         (:func:`lead.batch_invariance.forward_batch_invariant`).
         """
+        if extra is None:
+            extra = x.new_zeros((x.shape[0] if x.ndim else 0, 0))
         if (
             x.ndim != 2
             or y_pred.ndim != 2
             or x.shape[1] != self.d_src
             or y_pred.shape != (x.shape[0], self.d_tgt)
+            or extra.shape != (x.shape[0], self.stitch_features)
         ):
             raise ShapeMismatchError(
-                f"expected x (n, {self.d_src}) and y_pred (n, {self.d_tgt}), got "
-                f"{tuple(x.shape)} and {tuple(y_pred.shape)}",
-                expected=(self.d_src, self.d_tgt),
-                got=(tuple(x.shape), tuple(y_pred.shape)),
+                f"expected x (n, {self.d_src}), y_pred (n, {self.d_tgt}) and extra (n, "
+                f"{self.stitch_features}), got {tuple(x.shape)}, {tuple(y_pred.shape)} and "
+                f"{tuple(extra.shape)}",
+                expected=(self.d_src, self.d_tgt, self.stitch_features),
+                got=(tuple(x.shape), tuple(y_pred.shape), tuple(extra.shape)),
             )
-        xy = torch.cat([x.float(), y_pred.float()], dim=1)
-        out = forward_batch_invariant(self._rows, xy)
+        packed = torch.cat([x.float(), y_pred.float(), extra.float()], dim=1)
+        out = forward_batch_invariant(self._rows, packed)
         knots_x, knots_y = self.knots_x.float(), self.knots_y.float()
         confidence = _interp(out[:, 0], knots_x, knots_y).clamp(0.0, 1.0)
         ood = ~(out[:, 1] <= self.ood_threshold.float())  # NaN counts as out of distribution
@@ -209,27 +248,33 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
     Raises
     ------
     StitchFormatError
-        If the block is not an object with this method, version, and integer ``rank`` and
-        ``knots`` that fit the stitch.
+        If the block is not an object with this method, a version this lead reads, and
+        integer ``rank``, ``knots`` (and, version 2, ``stitch_features``) that fit the
+        stitch.
     """
     if not isinstance(config, dict):
         raise StitchFormatError("config 'confidence' must be an object")
-    if config.get("method") != CONFIDENCE_METHOD or config.get("version") != CONFIDENCE_VERSION:
+    version = config.get("version")
+    if (
+        config.get("method") != CONFIDENCE_METHOD
+        or isinstance(version, bool)
+        or version not in READABLE_VERSIONS
+    ):
         raise StitchFormatError(
             f"unsupported confidence method {config.get('method')!r} version "
-            f"{config.get('version')!r} (this lead reads {CONFIDENCE_METHOD!r} version "
-            f"{CONFIDENCE_VERSION})"
+            f"{version!r} (this lead reads {CONFIDENCE_METHOD!r} versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
-    rank, knots = config.get("rank"), config.get("knots")
-    for name, value in (("rank", rank), ("knots", knots)):
+    sizes = {"rank": config.get("rank"), "knots": config.get("knots")}
+    sizes["stitch_features"] = config.get("stitch_features") if version >= 2 else 0
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise StitchFormatError(f"config confidence.{name} must be an integer, got {value!r}")
-    assert isinstance(rank, int) and isinstance(knots, int)
     report = config.get("report", {})
     if not isinstance(report, dict):
         raise StitchFormatError("config confidence.report must be an object")
     try:
-        head = ConfidenceHead(d_src, d_tgt, rank=rank, knots=knots)
+        head = ConfidenceHead(d_src, d_tgt, **sizes)  # type: ignore[arg-type]
     except ShapeMismatchError as error:
         raise StitchFormatError(f"bad confidence block: {error}") from None
     head.report = dict(report)

@@ -110,6 +110,13 @@ def _confidence_section(config: dict[str, Any]) -> str:
     spearman = _number(report.get("spearman_in_domain"))
     shown = f"{spearman:.4f}" if spearman is not None else "?"
     threshold = _number(report.get("ood_threshold"))
+    generic = _number(report.get("spearman_without_stitch_features"))
+    features = block.get("stitch_features")
+    own = (
+        f" (without the stitch's own {features} features: {generic:.4f})"
+        if isinstance(features, int) and features > 0 and generic is not None
+        else ""
+    )
     return (
         "Every translated vector can carry a confidence in [0, 1], a calibrated estimate of "
         "its cosine with the target model's own vector (`lead translate "
@@ -117,7 +124,7 @@ def _confidence_section(config: dict[str, Any]) -> str:
         f"inputs far outside the training data (distance over {threshold or 0:.4g}).\n\n"
         f"- method: `{block.get('method')}` version {block.get('version')}\n"
         f"- Spearman(confidence, true cosine) on {report.get('held_out_rows', '?')} held-out "
-        f"rows, out of fold: **{shown}**\n"
+        f"rows, out of fold: **{shown}**{own}\n"
         f"- held-out rows flagged out of distribution: "
         f"{report.get('held_out_ood_fraction', '?')}"
     )

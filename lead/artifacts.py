@@ -308,7 +308,15 @@ def _build(config: dict[str, Any]) -> Stitch:
     except (LeadError, TypeError, ValueError) as error:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
     if config.get("confidence") is not None:
-        stitch.confidence_head = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
+        head = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
+        names = cls.confidence_feature_names
+        if head.stitch_features not in (0, len(names)):
+            raise StitchFormatError(
+                f"config confidence.stitch_features is {head.stitch_features}, but a "
+                f"{cls.architecture} stitch has {len(names)} "
+                f"({', '.join(names) or 'none'})"
+            )
+        stitch.confidence_head = head
     return stitch
 
 

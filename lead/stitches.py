@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
     InvalidInputError,
     NoConfidenceError,
@@ -177,7 +178,29 @@ class Stitch(nn.Module):
             raise NoConfidenceError("this stitch has no confidence head", param="stitch")
         if y.dtype != torch.float32:
             y = unit_rows(y.float()) if self.normalize_output else y.float()
-        return head.score(x, y)
+        extra = None
+        if head.stitch_features:
+            extra = forward_batch_invariant(self.confidence_features, x)
+        return head.score(x, y, extra)
+
+    #: Names of :meth:`confidence_features`' columns (none by default).
+    confidence_feature_names: ClassVar[tuple[str, ...]] = ()
+
+    def confidence_features(self, x: Tensor) -> Tensor:
+        """The stitch's own per-row evidence of how well it translates ``x``, which its
+        confidence head weighs beside its generic features (:mod:`lead.confidence`).
+
+        Parameters
+        ----------
+        x : Tensor of shape (n, d_src)
+            What the forward receives.
+
+        Returns
+        -------
+        Tensor of shape (n, len(confidence_feature_names)), float32
+            Row ``i`` depends on ``x[i]`` only. The base class has none: shape (n, 0).
+        """
+        return x.new_zeros((x.shape[0], 0), dtype=torch.float32)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # nn.Module would register a module under the attribute's own name, bypassing the
@@ -473,10 +496,25 @@ class LocalStitch(Stitch):
         nearest = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         return base + self.strength * correction.to(base.dtype), nearest
 
-    def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+    def nearest_cosines(self, x_centred: Tensor) -> Tensor:
+        """Each row's ``k`` highest cosines to the memory keys, float32 of shape (n, k),
+        largest first (of the uncentred rows, as :meth:`map_and_nearest` scores them)."""
+        parts = [
+            self._neighbours(x_centred[i : i + self.CHUNK])[0]
+            for i in range(0, x_centred.shape[0], self.CHUNK)
+        ]
+        if not parts:
+            return x_centred.new_zeros((0, self.k), dtype=torch.float32)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """The ``k`` highest cosines (sorted, largest first) and their memory rows."""
         x = unit_rows(x_centred.float() + self.source_mean.float())
-        scores = x @ self.keys.float().T
-        top, index = scores.topk(self.k, dim=1)  # sorted: top[:, 0] is the largest
+        top, index = (x @ self.keys.float().T).topk(self.k, dim=1)
+        return top, index
+
+    def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        top, index = self._neighbours(x_centred)  # sorted: top[:, 0] is the largest
         # the softmax shifted by each row's largest logit (neighbour or sink): no exponential
         # overflows (a sink far above 1) and one is 1, so the total never underflows to 0
         # (a small temperature far from the memory: 0 / 0)
@@ -602,6 +640,30 @@ class GatedStitch(Stitch):
         ``nearest`` (shape (n,)): 0 at ``gate_low`` and below, 1 at ``gate_high`` and above."""
         share: Tensor = (nearest - self.gate_low) / (self.gate_high - self.gate_low)
         return share.clamp(0.0, 1.0)
+
+    confidence_feature_names = ("gated_nearest_cosine", "gate_share", "gated_mean_cosine")
+
+    def confidence_features(self, x: Tensor) -> Tensor:
+        """How the local stitch stands on each row, weighted by its share ``a`` of the
+        answer: ``a`` times the highest memory cosine, ``a``, and ``a`` times the mean of
+        the ``k`` highest. Near its memory the local stitch's translation is as good as
+        the memory is close (Spearman of the highest cosine with the true cosine 0.58-0.80
+        on the bundled stitches' held-out documents); where the MLP answers (``a = 0``)
+        they are 0 and the head's generic features speak.
+
+        Parameters
+        ----------
+        x : Tensor of shape (n, d_src)
+            What the forward receives.
+
+        Returns
+        -------
+        Tensor of shape (n, 3), float32
+        """
+        domain = self.domain
+        top = domain.nearest_cosines(x - domain.source_mean)
+        a = self.gate(top[:, 0])
+        return torch.stack([a * top[:, 0], a, a * top.mean(dim=1)], dim=1)
 
     def _map(self, x_centred: Tensor) -> Tensor:
         x = x_centred + self.source_mean  # the input: each expert centres it its own way

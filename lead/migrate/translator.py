@@ -248,9 +248,7 @@ class LocalTranslator:
             x = x.to(dtype=self._param.dtype)
             out = forward_batch_invariant(self._run, x)
             if scored:
-                head = self.stitch.confidence_head
-                assert head is not None
-                confidence, ood = head.score(x, out)
+                confidence, ood = self.stitch.score_confidence(x, out)
                 scores = (confidence.cpu().numpy(), ood.cpu().numpy())
             if self.normalize:
                 out = torch.nn.functional.normalize(out, dim=1)

@@ -194,6 +194,9 @@ def _set(key: str, value: Any) -> Any:
         (_set("version", 99), None, "unsupported confidence method"),
         (_set("rank", "64"), None, "confidence.rank must be an integer"),
         (_set("rank", 0), None, "bad confidence block"),
+        (_set("stitch_features", 3), None, "stitch has 0 \\(none\\)"),
+        (_set("stitch_features", -1), None, "bad confidence block"),
+        (_set("stitch_features", True), None, "stitch_features must be an integer"),
         (_set("knots", 10**9), None, "tensor 'confidence.knots_x' has shape"),
         (_set("report", [1]), None, "confidence.report must be an object"),
         (lambda c: c.__setitem__("confidence", "yes"), None, "must be an object"),
@@ -231,6 +234,28 @@ def test_a_malformed_head_is_a_format_error(
         load_stitch(folder)
 
 
+def test_a_version_1_head_still_loads_and_scores_the_same(
+    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    """Version 1 (before the stitch's own features) had no ``stitch_features``: none."""
+    stitch, _ = fitted
+    folder = save_stitch(stitch, tmp_path / "s")
+
+    def to_version_1(config: dict[str, Any]) -> None:
+        assert config["confidence"].pop("stitch_features") == 0
+        config["confidence"]["version"] = 1
+
+    _corrupt(folder, to_version_1)
+    old = load_stitch(folder)
+    assert old.confidence_head is not None and old.confidence_head.stitch_features == 0
+    for a, b in zip(
+        translate_with_confidence(old, pairs["Xh"]),
+        translate_with_confidence(stitch, pairs["Xh"]),
+        strict=True,
+    ):
+        assert torch.equal(a, b)
+
+
 def test_too_few_held_out_rows(pairs: dict[str, np.ndarray]) -> None:
     stitch = fit_stitch(pairs["Xt"], pairs["Yt"], "ridge")
     few = MIN_HELD_OUT_ROWS - 1
@@ -247,6 +272,14 @@ def test_score_checks_shapes() -> None:
         head.score(torch.zeros(2, 4), torch.zeros(3, 3))
     with pytest.raises(ShapeMismatchError):
         head.score(torch.zeros(2, 5), torch.zeros(2, 3))
+    with pytest.raises(ShapeMismatchError):  # no stitch features expected
+        head.score(torch.zeros(2, 4), torch.zeros(2, 3), torch.zeros(2, 1))
+    with_features = ConfidenceHead(4, 3, rank=2, knots=2, stitch_features=2)
+    with pytest.raises(ShapeMismatchError):  # they are required
+        with_features.score(torch.zeros(2, 4), torch.zeros(2, 3))
+    assert with_features.score(torch.zeros(2, 4), torch.zeros(2, 3), torch.zeros(2, 2))[
+        0
+    ].shape == (2,)
 
 
 def test_pool_adjacent_violators_gives_increasing_centroid_knots() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ from safetensors.torch import save_file as save_file_pt
 from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
 from lead.batch_invariance import forward_batch_invariant
+from lead.confidence import fit_confidence, translate_with_confidence
 from lead.errors import InvalidInputError, StitchFormatError
 from lead.fitting import fit_stitch
-from lead.stitches import GatedStitch, StitchInfo, unit_rows
+from lead.stitches import GatedStitch, Stitch, StitchInfo, unit_rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,6 +115,69 @@ def test_rows_are_batch_invariant_and_survive_save_and_load(
         alone = torch.cat([forward_batch_invariant(loaded, x[i : i + 1]) for i in range(len(x))])
         assert torch.equal(whole, alone)
         assert torch.equal(whole, forward_batch_invariant(stitch, x))
+
+
+@pytest.fixture(scope="module")
+def with_head(fitted: Any, scifact_small: Any) -> tuple[GatedStitch, dict[str, Any], Any]:
+    """A copy of ``fitted`` with a confidence head calibrated on the 100 held-out documents."""
+    stitch, everyday = fitted
+    stitch = copy.deepcopy(stitch)
+    X = np.concatenate([scifact_small.corpus["minilm"][:300], everyday["minilm"][:40]])
+    Y = np.concatenate([scifact_small.corpus["mpnet"][:300], everyday["mpnet"][:40]])
+    held = scifact_small.corpus["minilm"][300:], scifact_small.corpus["mpnet"][300:]
+    report = fit_confidence(stitch, X, Y, *held)
+    return stitch, report, everyday
+
+
+def test_the_confidence_weighs_how_close_an_input_is_to_the_memory(
+    with_head: Any, tmp_path: Path
+) -> None:
+    stitch, report, everyday = with_head
+    head = stitch.confidence_head
+    assert head is not None and head.stitch_features == len(stitch.confidence_feature_names) == 3
+    # out of fold on the held-out documents: the local stitch is as good as its memory is
+    # close, which the generic features cannot see
+    assert report["spearman_in_domain"] >= report["spearman_without_stitch_features"] + 0.05
+    assert report["spearman_in_domain"] > 0.5, report
+    folder = save_stitch(stitch, tmp_path / "g")
+    config = json.loads((folder / "config.json").read_text())["confidence"]
+    assert (config["version"], config["stitch_features"]) == (2, 3)
+    x = np.concatenate([_memory_rows(stitch), everyday["minilm"][40:]])
+    want = translate_with_confidence(stitch, x)
+    got = translate_with_confidence(load_stitch(folder), x)
+    for a, b in zip(want, got, strict=True):
+        assert torch.equal(a, b)
+    # one row at a time: the same confidences, bit for bit
+    alone = torch.cat([translate_with_confidence(stitch, x[i : i + 1])[1] for i in range(len(x))])
+    assert torch.equal(alone, want[1])
+
+
+def _memory_rows(stitch: GatedStitch) -> np.ndarray:
+    """30 of the memory's own rows (unit source vectors): closest to it, gate 1."""
+    return stitch.domain.keys.detach().float().numpy()[:30]
+
+
+def test_where_the_mlp_answers_the_ranking_is_the_generic_features(
+    with_head: Any, fitted: Any, scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stitch, _, everyday = with_head
+    sentences = everyday["minilm"][40:]
+    mlp_rows = _gate(stitch, sentences) == 0.0
+    assert mlp_rows.sum() >= 30
+    generic = copy.deepcopy(fitted[0])
+    monkeypatch.setattr(GatedStitch, "confidence_features", Stitch.confidence_features)
+    X = np.concatenate([scifact_small.corpus["minilm"][:300], everyday["minilm"][:40]])
+    Y = np.concatenate([scifact_small.corpus["mpnet"][:300], everyday["mpnet"][:40]])
+    fit_confidence(
+        generic, X, Y, scifact_small.corpus["minilm"][300:], scifact_small.corpus["mpnet"][300:]
+    )
+    monkeypatch.undo()
+    assert generic.confidence_head is not None and generic.confidence_head.stitch_features == 0
+    plain = translate_with_confidence(generic, sentences[mlp_rows])[1].numpy()
+    own = translate_with_confidence(stitch, sentences[mlp_rows])[1].numpy()
+    # both are increasing maps of the same generic score there: never in the other order
+    lower = plain[:, None] < plain[None, :]
+    assert lower.any() and (own[:, None] <= own[None, :])[lower].all()
 
 
 def test_calibration_scales_each_expert(scifact_small: Any) -> None:

@@ -94,6 +94,41 @@ def _split_rows(
     return np.sort(np.concatenate([others, train + offset])), test + offset
 
 
+def _general_rows(
+    sizes: Sequence[int], train: np.ndarray, args: argparse.Namespace
+) -> tuple[np.ndarray, np.ndarray]:
+    """``--general-from``: a share of the training rows of that pair moved out of training,
+    for the confidence head only. Returns (training rows, general rows)."""
+    from lead.confidence import MIN_HELD_OUT_ROWS
+
+    pair = args.general_from
+    if pair is None:
+        return train, np.arange(0)
+    if not 1 <= pair <= len(sizes) or pair == args.holdout_from:
+        raise InvalidInputError(
+            f"--general-from must be between 1 and {len(sizes)} and name another pair than "
+            "--holdout-from",
+            param="general_from",
+        )
+    if not args.confidence or not 0 < args.general_holdout < 1:
+        raise InvalidInputError(
+            "--general-from needs the confidence head (no --no-confidence) and "
+            "--general-holdout in (0, 1)",
+            param="general_holdout",
+        )
+    offset = int(sum(sizes[: pair - 1]))
+    inside = train[(train >= offset) & (train < offset + sizes[pair - 1])]
+    order = np.random.default_rng(args.seed).permutation(len(inside))
+    general = np.sort(inside[order[: round(len(inside) * args.general_holdout)]])
+    if len(general) < MIN_HELD_OUT_ROWS:
+        raise InvalidInputError(
+            f"--general-holdout {args.general_holdout} of pair {pair} leaves {len(general)} "
+            f"general rows; the confidence head needs at least {MIN_HELD_OUT_ROWS}",
+            param="general_holdout",
+        )
+    return np.setdiff1d(train, general), general
+
+
 def _score(
     stitch: Any, X: np.ndarray, Y: np.ndarray, train_mean: Any, reverse: Any = None
 ) -> dict[str, Any]:
@@ -239,6 +274,7 @@ def _fit(args: argparse.Namespace) -> int:
     X, Y = np.concatenate(xs), np.concatenate(ys)
     train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
     holdout_ids = _holdout_ids(args.ids, [len(x) for x in xs], args.holdout_from, test)
+    train, general = _general_rows([len(x) for x in xs], train, args)
     info = _info_from(
         args,
         {
@@ -253,6 +289,17 @@ def _fit(args: argparse.Namespace) -> int:
                 "train_pairs": len(train),
                 "test_pairs": len(test),
                 **({"ids": holdout_ids} if holdout_ids is not None else {}),
+                **(
+                    {
+                        "general": {
+                            "from_pair": args.general_from,
+                            "fraction": args.general_holdout,
+                            "pairs": len(general),
+                        }
+                    }
+                    if len(general)
+                    else {}
+                ),
             },
         },
     )
@@ -265,7 +312,7 @@ def _fit(args: argparse.Namespace) -> int:
     if len(test):
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
     if len(test) and args.confidence:
-        _attach_confidence(stitch, X[train], Y[train], X[test], Y[test], args.seed)
+        _attach_confidence(stitch, (X, Y), train, test, general, args.seed)
     save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
     _warn_below_baseline(stitch.info.scorecard)
@@ -273,21 +320,42 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _attach_confidence(
-    stitch: Any, X: np.ndarray, Y: np.ndarray, X_held: np.ndarray, Y_held: np.ndarray, seed: int
+    stitch: Any,
+    pairs: tuple[np.ndarray, np.ndarray],
+    train: np.ndarray,
+    test: np.ndarray,
+    general: np.ndarray,
+    seed: int,
 ) -> None:
-    """Fit the per-vector confidence head on the held-out rows and say how well it ranks."""
+    """Fit the per-vector confidence head on the held-out (and general) rows and say how
+    well it ranks."""
     from lead.confidence import MIN_HELD_OUT_ROWS, attach_confidence
 
-    report = attach_confidence(stitch, X, Y, X_held, Y_held, seed=seed)
+    X, Y = pairs
+    report = attach_confidence(
+        stitch,
+        X[train],
+        Y[train],
+        X[test],
+        Y[test],
+        X_general=X[general] if len(general) else None,
+        Y_general=Y[general] if len(general) else None,
+        seed=seed,
+    )
     if report is None:
         sys.stderr.write(
             f"note: no confidence head: it needs at least {MIN_HELD_OUT_ROWS} held-out rows "
-            f"(got {len(X_held)}); raise --holdout to get one\n"
+            f"(got {len(test)}); raise --holdout to get one\n"
         )
         return
+    general_part = (
+        f", {report['spearman_out_of_domain']:.3f} on {report['general_rows']} general rows"
+        if "spearman_out_of_domain" in report
+        else ""
+    )
     sys.stderr.write(
         f"confidence: Spearman(confidence, true cosine) {report['spearman_in_domain']:.3f} "
-        f"on {report['held_out_rows']} held-out rows (out of fold)\n"
+        f"on {report['held_out_rows']} held-out rows{general_part} (out of fold)\n"
     )
 
 
@@ -539,6 +607,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         help="storage dtype of the saved tensors (float16 halves the folder; the scorecard is "
         "computed on the rounded values)",
+    )
+    fit.add_argument(
+        "--general-from",
+        type=int,
+        metavar="N",
+        help="move --general-holdout of the N-th --source/--target pair (general text, e.g. "
+        "everyday sentences beside your documents) out of training, for the confidence head "
+        "only: it then also ranks inputs outside your domain, and reports how well "
+        "(spearman_out_of_domain)",
+    )
+    fit.add_argument(
+        "--general-holdout",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="share of the --general-from pair moved out of training (default 0.1)",
     )
     fit.add_argument(
         "--no-confidence",

@@ -65,6 +65,7 @@ from lead._confidence_head import (
 )
 from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
+    InvalidInputError,
     NoConfidenceError,
     NonFiniteOutputError,
     ShapeMismatchError,
@@ -272,6 +273,8 @@ def fit_confidence(
     X_held: Any,
     Y_held: Any,
     *,
+    X_general: Any = None,
+    Y_general: Any = None,
     seed: int = 0,
     rank: int = 64,
 ) -> dict[str, Any]:
@@ -286,6 +289,13 @@ def fit_confidence(
     X_held, Y_held : array or Tensor of shape (m, d_src) and (m, d_tgt)
         Held-out pairs, ``m >= MIN_HELD_OUT_ROWS``: the predictor and its calibration are
         fitted on their true ``cos(stitch(x), y)``.
+    X_general, Y_general : array or Tensor of shape (g, d_src) and (g, d_tgt), optional
+        Held-out pairs of text outside the held-out rows' domain (general sentences for a
+        stitch fitted on a team's documents), ``g >= MIN_HELD_OUT_ROWS``: calibrated on
+        together with the held-out rows, so that the confidence also ranks such inputs,
+        and reported apart (``spearman_out_of_domain``). Calibrated on the held-out
+        documents alone, the bundled stitches ranked unseen STS-B sentences at 0.57-0.76;
+        with 1,294 of them as well, 0.72-0.82 (in domain 0.63-0.84 against 0.64-0.79).
     seed : int, default 0
         Seed of the bootstrap and of the folds.
     rank : int, default 64
@@ -297,17 +307,18 @@ def fit_confidence(
         The report also stored in ``config.json``: ``method``, ``version``,
         ``spearman_in_domain`` (Spearman of the out-of-fold calibrated confidence with the
         true cosine over the held-out rows, higher is better, 1 best),
-        ``spearman_raw`` (same, before calibration),
+        ``spearman_out_of_domain`` (same over the general rows; only with them),
+        ``spearman_raw`` (over the held-out rows, before calibration),
         ``spearman_without_stitch_features`` (same, from the generic features alone:
         :meth:`~lead.stitches.Stitch.confidence_features` left out), ``held_out_rows``,
-        ``train_rows``, ``ood_threshold``, ``train_ood_fraction`` and
-        ``held_out_ood_fraction``.
+        ``general_rows``, ``train_rows``, ``ood_threshold``, ``train_ood_fraction`` and
+        ``held_out_ood_fraction`` (over the held-out and general rows).
 
     Raises
     ------
     TooFewPairsError
-        Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows, or fewer training rows than
-        ``rank + 2``.
+        Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows (or general rows, when given),
+        or fewer training rows than ``rank + 2``.
     ShapeMismatchError
         If the shapes do not match the stitch or each other.
     """
@@ -316,12 +327,27 @@ def fit_confidence(
     Ph = _outputs(stitch, Xh)
     Yt = _as_numpy(Y_train, "Y_train", len(Xt), stitch.d_tgt)
     Yh = _as_numpy(Y_held, "Y_held", len(Xh), stitch.d_tgt)
-    if len(Xh) < MIN_HELD_OUT_ROWS:
+    in_domain = len(Xh)
+    if in_domain < MIN_HELD_OUT_ROWS:
         raise TooFewPairsError(
             f"a confidence head needs at least {MIN_HELD_OUT_ROWS} held-out pairs, got {len(Xh)}",
             minimum=MIN_HELD_OUT_ROWS,
             got=len(Xh),
         )
+    if (X_general is None) != (Y_general is None):
+        raise InvalidInputError("give both X_general and Y_general, or neither", param="X_general")
+    if X_general is not None:
+        Xg = _inputs(stitch, X_general, "X_general")
+        Yg = _as_numpy(Y_general, "Y_general", len(Xg), stitch.d_tgt)
+        if len(Xg) < MIN_HELD_OUT_ROWS:
+            raise TooFewPairsError(
+                f"the general rows of a confidence head must be at least {MIN_HELD_OUT_ROWS}, "
+                f"got {len(Xg)}",
+                minimum=MIN_HELD_OUT_ROWS,
+                got=len(Xg),
+            )
+        Xh, Yh = np.concatenate([Xh, Xg]), np.concatenate([Yh, Yg])
+        Ph = np.concatenate([Ph, _outputs(stitch, Xg)])
     rank = min(rank, stitch.d_src)
     if len(Xt) < rank + 2:
         raise TooFewPairsError(
@@ -385,13 +411,22 @@ def fit_confidence(
         threshold,
         rank,
     )
+    general_rows = len(Xh) - in_domain
+    domain, general = slice(0, in_domain), slice(in_domain, len(Xh))
+    out_of_domain = spearman_score(calibrated[general], truth[general]) if general_rows else None
     head.report = {
         "method": CONFIDENCE_METHOD,
         "version": CONFIDENCE_VERSION,
-        "spearman_in_domain": round(spearman_score(calibrated, truth), 4),
-        "spearman_raw": round(spearman_score(oof, truth), 4),
-        "spearman_without_stitch_features": round(spearman_score(generic, truth), 4),
-        "held_out_rows": len(Xh),
+        "spearman_in_domain": round(spearman_score(calibrated[domain], truth[domain]), 4),
+        **(
+            {"spearman_out_of_domain": round(out_of_domain, 4)} if out_of_domain is not None else {}
+        ),
+        "spearman_raw": round(spearman_score(oof[domain], truth[domain]), 4),
+        "spearman_without_stitch_features": round(
+            spearman_score(generic[domain], truth[domain]), 4
+        ),
+        "held_out_rows": in_domain,
+        "general_rows": general_rows,
         "train_rows": len(Xt),
         "ood_threshold": threshold,
         "train_ood_fraction": float(np.mean(train_distance > threshold)),
@@ -410,6 +445,8 @@ def attach_confidence(
     X_held: Any,
     Y_held: Any,
     *,
+    X_general: Any = None,
+    Y_general: Any = None,
     seed: int = 0,
 ) -> dict[str, Any] | None:
     """:func:`fit_confidence` when there are enough rows, else nothing (``lead fit``, jobs).
@@ -421,7 +458,16 @@ def attach_confidence(
         held-out rows or too few training rows.
     """
     try:
-        return fit_confidence(stitch, X_train, Y_train, X_held, Y_held, seed=seed)
+        return fit_confidence(
+            stitch,
+            X_train,
+            Y_train,
+            X_held,
+            Y_held,
+            X_general=X_general,
+            Y_general=Y_general,
+            seed=seed,
+        )
     except TooFewPairsError:
         return None
 

@@ -266,6 +266,22 @@ def test_too_few_held_out_rows(pairs: dict[str, np.ndarray]) -> None:
         fit_confidence(stitch, pairs["Xt"], pairs["Yt"], pairs["Xh"], pairs["Yh"][:, :5])
 
 
+def test_general_rows_are_reported_apart_and_checked(pairs: dict[str, np.ndarray]) -> None:
+    stitch = fit_stitch(pairs["Xt"], pairs["Yt"], "ridge")
+    Xh, Yh = pairs["Xh"], pairs["Yh"]
+    report = fit_confidence(
+        stitch, pairs["Xt"], pairs["Yt"], Xh[:100], Yh[:100], X_general=Xh[100:], Y_general=Yh[100:]
+    )
+    assert (report["held_out_rows"], report["general_rows"]) == (100, 60)
+    assert report["spearman_in_domain"] > 0.3 and -1 <= report["spearman_out_of_domain"] <= 1
+    with pytest.raises(InvalidInputError, match="both X_general and Y_general"):
+        fit_confidence(stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, X_general=Xh)
+    with pytest.raises(TooFewPairsError, match="general rows"):
+        fit_confidence(
+            stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, X_general=Xh[:10], Y_general=Yh[:10]
+        )
+
+
 def test_score_checks_shapes() -> None:
     head = ConfidenceHead(4, 3, rank=2, knots=2)
     with pytest.raises(ShapeMismatchError):

@@ -101,7 +101,7 @@ def run_pair(pair: str, methods: list[str], mixed: bool = False) -> dict[str, An
         start = time.perf_counter()
         report = fit_confidence(stitch, X_train, Y_train, X_cal, Y_cal, seed=0)
         head_s = time.perf_counter() - start
-        row: dict[str, Any] = {"fit_oof": report["spearman_in_domain"]}
+        row: dict[str, Any] = {"fit_oof": report["in_domain_spearman_score"]}
         for name, (A, B) in (
             ("in_domain", (X[dte], Y[dte])),
             ("out_of_domain", (Xs[ste], Ys[ste])),

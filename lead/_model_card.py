@@ -99,6 +99,12 @@ def _scorecard_table(scorecard: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def _in_domain_spearman(report: dict[str, Any]) -> float | None:
+    """The head's in-domain Spearman (``spearman_in_domain`` in heads saved before the
+    metric names ended in ``_score``)."""
+    return _number(report.get("in_domain_spearman_score", report.get("spearman_in_domain")))
+
+
 def _confidence_section(config: dict[str, Any]) -> str:
     block = config.get("confidence")
     report = block.get("report") if isinstance(block, dict) else None
@@ -107,14 +113,21 @@ def _confidence_section(config: dict[str, Any]) -> str:
             "This stitch has no confidence head (it was fitted without held-out rows, or "
             "with `--no-confidence`)."
         )
-    spearman = _number(report.get("spearman_in_domain"))
+    spearman = _in_domain_spearman(report)
     shown = f"{spearman:.4f}" if spearman is not None else "?"
     threshold = _number(report.get("ood_threshold"))
-    generic = _number(report.get("spearman_without_stitch_features"))
+    generic = _number(report.get("generic_spearman_score"))
     features = block.get("stitch_features")
     own = (
         f" (without the stitch's own {features} features: {generic:.4f})"
         if isinstance(features, int) and features > 0 and generic is not None
+        else ""
+    )
+    general = _number(report.get("out_of_domain_spearman_score"))
+    general_line = (
+        f"- the same on {report.get('general_rows', '?')} general rows kept out of training "
+        f"(text outside the held-out rows' domain), out of fold: **{general:.4f}**\n"
+        if general is not None
         else ""
     )
     return (
@@ -125,6 +138,7 @@ def _confidence_section(config: dict[str, Any]) -> str:
         f"- method: `{block.get('method')}` version {block.get('version')}\n"
         f"- Spearman(confidence, true cosine) on {report.get('held_out_rows', '?')} held-out "
         f"rows, out of fold: **{shown}**{own}\n"
+        f"{general_line}"
         f"- held-out rows flagged out of distribution: "
         f"{report.get('held_out_ood_fraction', '?')}"
     )
@@ -133,8 +147,14 @@ def _confidence_section(config: dict[str, Any]) -> str:
 def _confidence_metric(config: dict[str, Any]) -> list[tuple[str, float]]:
     block = config.get("confidence")
     report = block.get("report") if isinstance(block, dict) else None
-    value = _number(report.get("spearman_in_domain")) if isinstance(report, dict) else None
-    return [] if value is None else [("confidence_spearman_score", value)]
+    value = _in_domain_spearman(report) if isinstance(report, dict) else None
+    general = (
+        _number(report.get("out_of_domain_spearman_score")) if isinstance(report, dict) else None
+    )
+    metrics = [] if value is None else [("confidence_spearman_score", value)]
+    if general is not None:
+        metrics.append(("confidence_out_of_domain_spearman_score", general))
+    return metrics
 
 
 def model_card(config: dict[str, Any], name: str) -> str:

@@ -349,12 +349,12 @@ def _attach_confidence(
         )
         return
     general_part = (
-        f", {report['spearman_out_of_domain']:.3f} on {report['general_rows']} general rows"
-        if "spearman_out_of_domain" in report
+        f", {report['out_of_domain_spearman_score']:.3f} on {report['general_rows']} general rows"
+        if "out_of_domain_spearman_score" in report
         else ""
     )
     sys.stderr.write(
-        f"confidence: Spearman(confidence, true cosine) {report['spearman_in_domain']:.3f} "
+        f"confidence: Spearman(confidence, true cosine) {report['in_domain_spearman_score']:.3f} "
         f"on {report['held_out_rows']} held-out rows{general_part} (out of fold)\n"
     )
 
@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="move --general-holdout of the N-th --source/--target pair (general text, e.g. "
         "everyday sentences beside your documents) out of training, for the confidence head "
         "only: it then also ranks inputs outside your domain, and reports how well "
-        "(spearman_out_of_domain)",
+        "(out_of_domain_spearman_score)",
     )
     fit.add_argument(
         "--general-holdout",

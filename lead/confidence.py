@@ -293,7 +293,7 @@ def fit_confidence(
         Held-out pairs of text outside the held-out rows' domain (general sentences for a
         stitch fitted on a team's documents), ``g >= MIN_HELD_OUT_ROWS``: calibrated on
         together with the held-out rows, so that the confidence also ranks such inputs,
-        and reported apart (``spearman_out_of_domain``). Calibrated on the held-out
+        and reported apart (``out_of_domain_spearman_score``). Calibrated on the held-out
         documents alone, the bundled stitches ranked unseen STS-B sentences at 0.57-0.76;
         with 1,294 of them as well, 0.72-0.82 (in domain 0.63-0.84 against 0.64-0.79).
     seed : int, default 0
@@ -305,11 +305,11 @@ def fit_confidence(
     -------
     dict
         The report also stored in ``config.json``: ``method``, ``version``,
-        ``spearman_in_domain`` (Spearman of the out-of-fold calibrated confidence with the
+        ``in_domain_spearman_score`` (Spearman of the out-of-fold calibrated confidence with the
         true cosine over the held-out rows, higher is better, 1 best),
-        ``spearman_out_of_domain`` (same over the general rows; only with them),
-        ``spearman_raw`` (over the held-out rows, before calibration),
-        ``spearman_without_stitch_features`` (same, from the generic features alone:
+        ``out_of_domain_spearman_score`` (same over the general rows; only with them),
+        ``uncalibrated_spearman_score`` (over the held-out rows, before calibration),
+        ``generic_spearman_score`` (same, from the generic features alone:
         :meth:`~lead.stitches.Stitch.confidence_features` left out), ``held_out_rows``,
         ``general_rows``, ``train_rows``, ``ood_threshold``, ``train_ood_fraction`` and
         ``held_out_ood_fraction`` (over the held-out and general rows).
@@ -417,14 +417,14 @@ def fit_confidence(
     head.report = {
         "method": CONFIDENCE_METHOD,
         "version": CONFIDENCE_VERSION,
-        "spearman_in_domain": round(spearman_score(calibrated[domain], truth[domain]), 4),
+        "in_domain_spearman_score": round(spearman_score(calibrated[domain], truth[domain]), 4),
         **(
-            {"spearman_out_of_domain": round(out_of_domain, 4)} if out_of_domain is not None else {}
+            {"out_of_domain_spearman_score": round(out_of_domain, 4)}
+            if out_of_domain is not None
+            else {}
         ),
-        "spearman_raw": round(spearman_score(oof[domain], truth[domain]), 4),
-        "spearman_without_stitch_features": round(
-            spearman_score(generic[domain], truth[domain]), 4
-        ),
+        "uncalibrated_spearman_score": round(spearman_score(oof[domain], truth[domain]), 4),
+        "generic_spearman_score": round(spearman_score(generic[domain], truth[domain]), 4),
         "held_out_rows": in_domain,
         "general_rows": general_rows,
         "train_rows": len(Xt),

@@ -14,7 +14,7 @@ For every stitch below, the training data is, in this order (``--holdout-from 1`
 3. the 12,935 general-domain STS-B sentences, of which a seeded 10 % (1,294) is moved out
    of training for the confidence head only (``--general-from 3``): it is calibrated on
    them beside the held-out documents and reports how well it ranks them
-   (``spearman_out_of_domain`` in each card).
+   (``out_of_domain_spearman_score`` in each card).
 
 Every candidate method is fitted with the same split and scored on the held-out documents
 (``models/candidates.json``); the bundled one is ``BUNDLED`` (the gated stitch, which keeps

@@ -244,8 +244,9 @@ class StitchSummary(BaseModel):
         default=None,
         description='How far `"return_confidence": true` can be trusted on this stitch: the '
         "Spearman correlation between its confidence and the true cosine on held-out pairs "
-        "(`spearman_score`), and how the head was calibrated; null when the stitch has no "
-        "confidence head (422 `no_confidence`).",
+        "(`in_domain_spearman_score`; `out_of_domain_spearman_score` on general text kept out "
+        "of training, when the fit held some out), and how the head was calibrated; null when "
+        "the stitch has no confidence head (422 `no_confidence`).",
     )
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")

@@ -61,7 +61,7 @@ def test_confidence_ranks_held_out_rows_by_their_true_cosine(
 ) -> None:
     stitch, report = fitted
     # the out-of-fold figure over 160 real held-out rows (measured 0.76 ridge, 0.78 Procrustes)
-    assert report["spearman_in_domain"] > 0.5, report
+    assert report["in_domain_spearman_score"] > 0.5, report
     assert report["held_out_rows"] == 160 and report["train_rows"] == 340
     y, confidence, ood = translate_with_confidence(stitch, pairs["Xh"])
     assert confidence.dtype == torch.float32 and confidence.shape == (160,)
@@ -121,9 +121,10 @@ def test_save_load_round_trips_the_head_exactly(
     stitch, report = fitted
     folder = save_stitch(stitch, tmp_path / "s")
     config = json.loads((folder / "config.json").read_text())
-    assert config["confidence"]["report"]["spearman_in_domain"] == report["spearman_in_domain"]
+    saved = config["confidence"]["report"]
+    assert saved["in_domain_spearman_score"] == report["in_domain_spearman_score"]
     assert "confidence.knots_x" in load_file(folder / "model.safetensors")
-    assert f"**{report['spearman_in_domain']:.4f}**" in (folder / "README.md").read_text()
+    assert f"**{report['in_domain_spearman_score']:.4f}**" in (folder / "README.md").read_text()
     loaded = load_stitch(folder)
     assert loaded.confidence_head is not None
     expected = translate_with_confidence(stitch, pairs["Xh"])
@@ -256,6 +257,21 @@ def test_a_version_1_head_still_loads_and_scores_the_same(
         assert torch.equal(a, b)
 
 
+def test_the_card_reads_a_head_saved_before_the_score_names(
+    fitted: tuple[Stitch, dict], tmp_path: Path
+) -> None:
+    """Heads saved before the report's names ended in ``_score`` said ``spearman_in_domain``."""
+    from lead._model_card import model_card
+
+    stitch, report = fitted
+    config = json.loads((save_stitch(stitch, tmp_path / "s") / "config.json").read_text())
+    saved = config["confidence"]["report"]
+    saved["spearman_in_domain"] = saved.pop("in_domain_spearman_score")
+    card = model_card(config, "s")
+    assert f"**{report['in_domain_spearman_score']:.4f}**" in card
+    assert "confidence_spearman_score" in card
+
+
 def test_too_few_held_out_rows(pairs: dict[str, np.ndarray]) -> None:
     stitch = fit_stitch(pairs["Xt"], pairs["Yt"], "ridge")
     few = MIN_HELD_OUT_ROWS - 1
@@ -273,7 +289,8 @@ def test_general_rows_are_reported_apart_and_checked(pairs: dict[str, np.ndarray
         stitch, pairs["Xt"], pairs["Yt"], Xh[:100], Yh[:100], X_general=Xh[100:], Y_general=Yh[100:]
     )
     assert (report["held_out_rows"], report["general_rows"]) == (100, 60)
-    assert report["spearman_in_domain"] > 0.3 and -1 <= report["spearman_out_of_domain"] <= 1
+    assert report["in_domain_spearman_score"] > 0.3
+    assert -1 <= report["out_of_domain_spearman_score"] <= 1
     with pytest.raises(InvalidInputError, match="both X_general and Y_general"):
         fit_confidence(stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, X_general=Xh)
     with pytest.raises(TooFewPairsError, match="general rows"):

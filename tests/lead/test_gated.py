@@ -137,8 +137,8 @@ def test_the_confidence_weighs_how_close_an_input_is_to_the_memory(
     assert head is not None and head.stitch_features == len(stitch.confidence_feature_names) == 3
     # out of fold on the held-out documents: the local stitch is as good as its memory is
     # close, which the generic features cannot see
-    assert report["spearman_in_domain"] >= report["spearman_without_stitch_features"] + 0.05
-    assert report["spearman_in_domain"] > 0.5, report
+    assert report["in_domain_spearman_score"] >= report["generic_spearman_score"] + 0.05
+    assert report["in_domain_spearman_score"] > 0.5, report
     folder = save_stitch(stitch, tmp_path / "g")
     config = json.loads((folder / "config.json").read_text())["confidence"]
     assert (config["version"], config["stitch_features"]) == (2, 3)

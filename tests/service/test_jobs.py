@@ -122,7 +122,7 @@ def test_job_attaches_a_confidence_head_calibrated_on_its_holdout(
     assert stitch.confidence_head is not None
     report = stitch.confidence_head.report
     assert (report["held_out_rows"], report["train_rows"]) == (80, 320)
-    assert report["spearman_in_domain"] > 0.4  # 80 real held-out documents
+    assert report["in_domain_spearman_score"] > 0.4  # 80 real held-out documents
     _, confidence, ood = translate_with_confidence(stitch, scifact_small.corpus["minilm"][:50])
     assert confidence.std() > 0 and not bool(ood.any())
 

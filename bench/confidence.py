@@ -1,17 +1,21 @@
 """Per-vector confidence: Spearman(confidence, true cosine) on held-out rows, and its cost.
 
-``python -m bench.confidence [--pairs minilm-mpnet,...] [--methods ridge,procrustes,mlp]``
-(standalone, needs ``../shared/data``; ~10 minutes on 2 cores); ``results/confidence.json``.
+``python -m bench.confidence [--pairs minilm-mpnet,...] [--methods ridge,procrustes,mlp,gated]
+[--mixed]`` (standalone, needs ``../shared/data``; ~10 minutes on 2 cores for the first three
+methods, ~8 more for gated); ``results/confidence.json`` (the methods run replace theirs,
+the others are kept).
 
 Protocol per pair and method (seed 0): SciFact documents split 60 / 20 / 20 into train /
 calibration / test, STS-B sentences 70 / 15 / 15 likewise; the stitch is fitted on the train
-documents, the 809 training queries and the train sentences (as ``models/build.py`` does);
-:func:`lead.confidence.fit_confidence` calibrates on the calibration documents (as ``lead fit
---holdout-from 1`` does; ``--mixed``: documents and sentences);
+documents, the 809 training queries and the train sentences (as ``models/build.py`` does;
+gated: the sentences at weight 0.05); :func:`lead.confidence.fit_confidence` calibrates on
+the calibration documents (as ``lead fit --holdout-from 1`` does; ``--mixed``: and on the
+calibration sentences as general rows, as ``--general-from 3`` does);
 the Spearman correlation between the confidence and the true ``cos(translation, native)``
 is measured on the test documents (in domain) and the test sentences (out of domain), rows
 that neither the stitch nor the head saw. ``fit_oof`` is the out-of-fold figure that
-``fit_confidence`` itself reports. The cost is ``head.score`` against the stitch's forward,
+``fit_confidence`` itself reports (``fit_oof_generic``: without the stitch's own features).
+The cost is ``Stitch.score_confidence`` against the stitch's forward,
 both batch-invariant, at batch 1 and 1,024 (median of 200 / 20 runs, one thread).
 """
 
@@ -36,7 +40,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "ridge": {},
     "procrustes": {},
     "mlp": {"hidden_dim": 512, "max_epochs": 8},
+    "gated": {"hidden_dim": 512, "max_epochs": 8, "patience": 2},
 }
+#: Row weights of the gated stitch's training parts (as in ``models/build.py``).
+GATED_WEIGHTS = {"docs": 1.0, "queries": 1.0, "sts": 0.05}
 
 
 def _split(n: int, shares: tuple[float, float], rng: np.random.Generator) -> list[np.ndarray]:
@@ -57,7 +64,6 @@ def _median_ms(fn: Any, repeat: int) -> float:
 def _cost(stitch: Any) -> dict[str, float]:
     from lead.batch_invariance import forward_batch_invariant
 
-    head = stitch.confidence_head
     out: dict[str, float] = {}
     torch.set_num_threads(1)
     with torch.inference_mode():
@@ -65,7 +71,7 @@ def _cost(stitch: Any) -> dict[str, float]:
             x = torch.nn.functional.normalize(torch.randn(batch, stitch.d_src), dim=1)
             y = forward_batch_invariant(stitch, x)
             forward = _median_ms(lambda x=x: forward_batch_invariant(stitch, x), repeat)
-            score = _median_ms(lambda x=x, y=y: head.score(x, y), repeat)
+            score = _median_ms(lambda x=x, y=y: stitch.score_confidence(x, y), repeat)
             out[f"forward_ms_batch{batch}"] = round(forward, 4)
             out[f"score_ms_batch{batch}"] = round(score, 4)
             out[f"score_over_forward_batch{batch}"] = round(score / forward, 3)
@@ -90,18 +96,26 @@ def run_pair(pair: str, methods: list[str], mixed: bool = False) -> dict[str, An
     str_, sca, ste = _split(len(Xs), (0.7, 0.15), rng)
     X_train = np.concatenate([X[dtr], Xq, Xs[str_]])
     Y_train = np.concatenate([Y[dtr], Yq, Ys[str_]])
-    X_cal, Y_cal = X[dca], Y[dca]
-    if mixed:  # calibrate on documents and sentences
-        X_cal, Y_cal = np.concatenate([X[dca], Xs[sca]]), np.concatenate([Y[dca], Ys[sca]])
+    general = {"X_general": Xs[sca], "Y_general": Ys[sca]} if mixed else {}
+    weights = np.concatenate(
+        [
+            np.full(n, GATED_WEIGHTS[part])
+            for part, n in (("docs", len(dtr)), ("queries", len(Xq)), ("sts", len(str_)))
+        ]
+    )
     result: dict[str, Any] = {}
     for method in methods:
         start = time.perf_counter()
-        stitch = fit_stitch(X_train, Y_train, method, seed=0, **METHODS[method])
+        extra = {"sample_weight": weights} if method == "gated" else {}
+        stitch = fit_stitch(X_train, Y_train, method, seed=0, **extra, **METHODS[method])
         fit_s = time.perf_counter() - start
         start = time.perf_counter()
-        report = fit_confidence(stitch, X_train, Y_train, X_cal, Y_cal, seed=0)
+        report = fit_confidence(stitch, X_train, Y_train, X[dca], Y[dca], seed=0, **general)
         head_s = time.perf_counter() - start
-        row: dict[str, Any] = {"fit_oof": report["in_domain_spearman_score"]}
+        row: dict[str, Any] = {
+            "fit_oof": report["in_domain_spearman_score"],
+            "fit_oof_generic": report["generic_spearman_score"],
+        }
         for name, (A, B) in (
             ("in_domain", (X[dte], Y[dte])),
             ("out_of_domain", (Xs[ste], Ys[ste])),
@@ -132,9 +146,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "confidence.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    results = {
-        pair: run_pair(pair, args.methods.split(","), args.mixed) for pair in args.pairs.split(",")
-    }
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for pair in args.pairs.split(","):
+        results.setdefault(pair, {}).update(run_pair(pair, args.methods.split(","), args.mixed))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 

@@ -110,10 +110,10 @@ def _general_rows(
             "--holdout-from",
             param="general_from",
         )
-    if not args.confidence or not 0 < args.general_holdout < 1:
+    if not args.confidence or args.holdout == 0 or not 0 < args.general_holdout < 1:
         raise InvalidInputError(
-            "--general-from needs the confidence head (no --no-confidence) and "
-            "--general-holdout in (0, 1)",
+            "--general-from needs the confidence head (no --no-confidence, a --holdout "
+            "above 0) and --general-holdout in (0, 1)",
             param="general_holdout",
         )
     offset = int(sum(sizes[: pair - 1]))

@@ -411,6 +411,7 @@ def test_fit_calibrates_the_confidence_on_general_rows_too(
         (["--general-from", "3"], "between 1 and 2"),
         (["--general-from", "2", "--general-holdout", "0.25"], "leaves 20 general rows"),
         (["--general-from", "2", "--no-confidence"], "needs the confidence head"),
+        (["--general-from", "2", "--holdout", "0"], "a --holdout above 0"),
         (["--general-from", "2", "--general-holdout", "1"], "in \\(0, 1\\)"),
     ],
 )

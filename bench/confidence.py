@@ -113,6 +113,7 @@ def run_pair(pair: str, methods: list[str], mixed: bool = False) -> dict[str, An
         report = fit_confidence(stitch, X_train, Y_train, X[dca], Y[dca], seed=0, **general)
         head_s = time.perf_counter() - start
         row: dict[str, Any] = {
+            "calibrated_on": "documents and sentences" if mixed else "documents",
             "fit_oof": report["in_domain_spearman_score"],
             "fit_oof_generic": report["generic_spearman_score"],
         }

@@ -3,7 +3,7 @@
 ``python -m bench.confidence [--pairs minilm-mpnet,...] [--methods ridge,procrustes,mlp,gated]
 [--mixed]`` (standalone, needs ``../shared/data``; ~10 minutes on 2 cores for the first three
 methods, ~8 more for gated); ``results/confidence.json`` (the methods run replace theirs,
-the others are kept).
+the others are kept; with ``--mixed`` they are recorded as ``METHOD+general``).
 
 Protocol per pair and method (seed 0): SciFact documents split 60 / 20 / 20 into train /
 calibration / test, STS-B sentences 70 / 15 / 15 likewise; the stitch is fitted on the train
@@ -134,8 +134,9 @@ def run_pair(pair: str, methods: list[str], mixed: bool = False) -> dict[str, An
         row["fit_head_s"] = round(head_s, 2)
         row["fit_stitch_s"] = round(fit_s, 2)
         row.update(_cost(stitch))
-        print(pair, method, json.dumps(row), flush=True)
-        result[method] = row
+        key = f"{method}+general" if mixed else method
+        print(pair, key, json.dumps(row), flush=True)
+        result[key] = row
     return result
 
 

@@ -178,6 +178,43 @@ def out_of_domain(candidates: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def confidence(stitch_ids: list[str]) -> str:
+    """Each bundled stitch's confidence report: Spearman(confidence, true cosine), out of
+    fold, on the held-out documents (with and without the stitch's own features) and on
+    the STS-B sentences kept out of training."""
+    lines = [
+        _row(
+            [
+                "stitch",
+                "held-out documents",
+                "same, generic features only",
+                "held-out STS-B sentences",
+                "rows (documents / sentences)",
+            ]
+        ),
+        _row(["---"] * 5),
+    ]
+    for stitch_id in sorted(stitch_ids):
+        block = json.loads((MODELS_DIR / stitch_id / "config.json").read_text()).get("confidence")
+        if not block:
+            lines.append(_row([stitch_id, "(no head)", "", "", ""]))
+            continue
+        report = block["report"]
+        general = report.get("out_of_domain_spearman_score")
+        lines.append(
+            _row(
+                [
+                    stitch_id,
+                    f"{report['in_domain_spearman_score']:.3f}",
+                    f"{report['generic_spearman_score']:.3f}",
+                    "—" if general is None else f"{general:.3f}",
+                    f"{report['held_out_rows']} / {report.get('general_rows', 0)}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
 def extras(records: dict[str, dict], candidates: dict[str, dict]) -> str:
     """The extra bundled stitches beside the chosen stitch of the same pair."""
     lines = [
@@ -238,6 +275,7 @@ def main() -> None:
         scorecards=scorecards(candidates),
         retrieval=retrieval(results) if results else "(run models/evaluate.py)",
         out_of_domain=out_of_domain({**candidates, **_json("extras.json")}),
+        confidence=confidence([*candidates, *_json("extras.json")]),
         extras=extras(_json("extras.json"), candidates),
         round_trips=round_trips(_json("round_trip.json")) or "(run models/round_trip.py)",
         min_gain=MIN_GAIN,

@@ -70,14 +70,16 @@ FULL: dict[str, Any] = {
     # fidelity to the bound (bench/fidelity.py)
     "fid_curve_pairs": [("minilm", "mpnet"), ("minilm", "e5"), ("minilm", "pml3")],
     "fid_curve_sizes": (250, 500, 1000, 2000, 4000),
-    # mlp: the bundled stitches' method and options (models/*/config.json), one seed
+    # gated: the bundled stitches' method and options (models/*/config.json), and the MLP
+    # they replaced; one seed each
     "fid_curve_methods": {
         "ridge": {},
         "procrustes": {},
         "mlp": {"hidden_dim": 512, "max_epochs": 8, "patience": 2},
+        "gated": {"hidden_dim": 512, "max_epochs": 8, "patience": 2},
     },
     "fid_curve_seeds": 3,
-    "fid_curve_seeds_by_method": {"mlp": 1},
+    "fid_curve_seeds_by_method": {"mlp": 1, "gated": 1},
     "fid_progressive_ids": list(BUNDLED_STITCHES),
     "fid_progressive_extra": {"ridge": {}, "procrustes": {}},
     "fid_progressive_extra_ids": ["minilm-to-mpnet", "minilm-to-e5"],

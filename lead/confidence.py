@@ -19,15 +19,18 @@ after :func:`lead.unit_input.normalize_input`):
    linear term; one in ``y_pred`` as well measured no better);
 3. stage 1, on (up to 20,000) training rows: a ridge predictor of the cosine of a 5-fold
    cross-fitted ridge translation (the stitch's own are in-sample there) from the features
-   and the linear term; stage 2, on the held-out rows: a ridge predictor of the true
-   ``cos(y_pred, y)`` from stage 1's score, the features, the stitch's own features
-   (:meth:`lead.stitches.Stitch.confidence_features`: a gated stitch's closeness to its
-   memory, which are in-sample on the training rows and so enter here only) and the
-   centred ``x`` (penalties by leave-one-out, the scalar features barely penalised). On the
-   bundled gated stitches the stitch's features lifted the out-of-fold Spearman from
-   0.43-0.59 to 0.60-0.80 (``models/README.md``). Both stages are linear, so the
-   head stores one linear function. Stage 2 is cross-fitted over 5 folds of the held-out
-   rows, and the reported Spearman is over those out-of-fold predictions;
+   and the linear term; stage 2, on the held-out rows (and the general rows, when given):
+   a ridge predictor of the true ``cos(y_pred, y)`` from stage 1's score, the features and
+   the centred ``x`` (penalties by leave-one-out, the scalar features barely penalised);
+   stage 3, when the stitch has its own features
+   (:meth:`lead.stitches.Stitch.confidence_features`: a gated stitch's gate share and
+   closeness to its memory, in-sample on the training rows and so fitted here only): a
+   ridge predictor from stage 2's out-of-fold score and those features, so that a row
+   whose features are 0 keeps stage 2's ranking. On the bundled gated stitches they lifted
+   the out-of-fold Spearman from 0.41-0.53 to 0.58-0.76 (``models/README.md``). All
+   stages are linear, so the head stores one linear function. Stages 2 and 3 are
+   cross-fitted over 5 folds of the held-out rows, and the reported Spearman is over
+   those out-of-fold predictions;
 4. isotonic regression (pool-adjacent-violators) of the true cosine on the out-of-fold
    predictions, kept as knots at the blocks' centroids and applied by linear interpolation
    (increasing, calibrated); clipped to [0, 1];
@@ -293,9 +296,10 @@ def fit_confidence(
         Held-out pairs of text outside the held-out rows' domain (general sentences for a
         stitch fitted on a team's documents), ``g >= MIN_HELD_OUT_ROWS``: calibrated on
         together with the held-out rows, so that the confidence also ranks such inputs,
-        and reported apart (``out_of_domain_spearman_score``). Calibrated on the held-out
-        documents alone, the bundled stitches ranked unseen STS-B sentences at 0.57-0.76;
-        with 1,294 of them as well, 0.72-0.82 (in domain 0.63-0.84 against 0.64-0.79).
+        and reported apart (``out_of_domain_spearman_score``). On rows that neither the
+        stitch nor the head saw (``bench.confidence``), gated stitches calibrated on SciFact
+        documents alone ranked STS-B sentences at 0.49-0.77, calibrated on sentences as
+        well at 0.78-0.85 (documents: 0.68-0.83 against 0.64-0.73).
     seed : int, default 0
         Seed of the bootstrap and of the folds.
     rank : int, default 64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import matplotlib
@@ -11,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench.common import results_dir
+from bench.data import REPO
 
 
 def _row(cells: list[Any]) -> str:
@@ -74,6 +76,18 @@ def plot_learning_curve(lc: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def _bundled_variant(stitch_id: str, method: str) -> str | None:
+    """The variant the bundled stitch ``stitch_id`` is (plain, or calibrated when it holds
+    an output scale), or None when it was not fitted with ``method``."""
+    path = REPO / "models" / stitch_id / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    if config.get("fit", {}).get("method") != method:
+        return None
+    return "calibrated" if config.get("output_scale") or config.get("expert_scales") else "plain"
+
+
 def progressive(rows: list[dict[str, Any]]) -> list[str]:
     fractions = rows[0]["fractions"] if rows else []
     lines = [
@@ -84,16 +98,18 @@ def progressive(rows: list[dict[str, Any]]) -> list[str]:
         f"(mean over {rows[0]['random_seeds'] if rows else 0} seeds), without and with the "
         "variance-restoring output scale (`fit_stitch(..., calibrate_variance=True)`). "
         "nDCG@10 over the bound; *ok* when f = 0.2 and f = 0.5 retrieve at least as well as "
-        "f = 0.",
+        "f = 0. *(bundled)* marks the variant of the bundled stitch.",
         "",
     ]
     table = []
     for r in rows:
         b = r["bound_ndcg_at_10_score"]
+        bundled = _bundled_variant(r["stitch"], r["method"])
         for variant in ("plain", "calibrated"):
             curve = r[variant]["random"]
             ok = all(r[variant]["never_below_f0"].values())
             scale = f" (scale {np.mean(r['output_scales']):.2f})" if variant == "calibrated" else ""
+            scale += " *(bundled)*" if variant == bundled else ""
             table.append(
                 [
                     r["stitch"],

@@ -35,6 +35,13 @@ READABLE_VERSIONS = (1, 2)
 N_FEATURES = 5
 #: Most stitch features a head takes (:meth:`lead.stitches.Stitch.confidence_features`).
 MAX_STITCH_FEATURES = 16
+#: Most calibration knots (at most one per held-out row; bounds what a file can allocate).
+MAX_KNOTS = 1_000_000
+#: Report keys of version-1 heads, read under their current names.
+_RENAMED_REPORT_KEYS = {
+    "spearman_in_domain": "in_domain_spearman_score",
+    "spearman_raw": "uncalibrated_spearman_score",
+}
 _TINY = 1e-12
 
 
@@ -79,13 +86,14 @@ class ConfidenceHead(nn.Module):
         super().__init__()
         if (
             min(d_src, d_tgt, rank) < 1
-            or knots < 2
+            or not 2 <= knots <= MAX_KNOTS
             or rank > d_src + 1
             or not 0 <= stitch_features <= MAX_STITCH_FEATURES
         ):
             raise ShapeMismatchError(
-                f"need positive dimensions, 1 <= rank <= d_src + 1, knots >= 2 and 0 <= "
-                f"stitch_features <= {MAX_STITCH_FEATURES}, got d_src={d_src}, d_tgt={d_tgt}, "
+                f"need positive dimensions, 1 <= rank <= d_src + 1, 2 <= knots <= {MAX_KNOTS} "
+                f"and 0 <= stitch_features <= {MAX_STITCH_FEATURES}, got d_src={d_src}, "
+                f"d_tgt={d_tgt}, "
                 f"rank={rank}, knots={knots}, stitch_features={stitch_features}",
                 expected="valid head dimensions",
                 got=(d_src, d_tgt, rank, knots, stitch_features),
@@ -257,7 +265,7 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
     version = config.get("version")
     if (
         config.get("method") != CONFIDENCE_METHOD
-        or isinstance(version, bool)
+        or type(version) is not int
         or version not in READABLE_VERSIONS
     ):
         raise StitchFormatError(
@@ -265,6 +273,8 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
             f"{version!r} (this lead reads {CONFIDENCE_METHOD!r} versions "
             f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
+    if version < 2 and "stitch_features" in config:
+        raise StitchFormatError("config confidence.stitch_features needs version 2")
     sizes = {"rank": config.get("rank"), "knots": config.get("knots")}
     sizes["stitch_features"] = config.get("stitch_features") if version >= 2 else 0
     for name, value in sizes.items():
@@ -277,17 +287,27 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
         head = ConfidenceHead(d_src, d_tgt, **sizes)  # type: ignore[arg-type]
     except ShapeMismatchError as error:
         raise StitchFormatError(f"bad confidence block: {error}") from None
-    head.report = dict(report)
+    head.report = {
+        _RENAMED_REPORT_KEYS.get(str(key), str(key)): value for key, value in report.items()
+    }
     return head
 
 
 def check_head(head: ConfidenceHead) -> None:
-    """Check loaded buffers: the knots increase strictly.
+    """Check loaded buffers: the calibration is increasing and the threshold a distance.
 
     Raises
     ------
     StitchFormatError
-        If ``knots_x`` is not strictly increasing.
+        If ``knots_x`` is not strictly increasing, ``knots_y`` decreases or leaves
+        [-1, 1] (cosines), or ``ood_threshold`` is negative.
     """
     if not bool((head.knots_x[1:] > head.knots_x[:-1]).all()):
         raise StitchFormatError("tensor 'confidence.knots_x' must be strictly increasing")
+    knots_y = head.knots_y
+    if not bool((knots_y[1:] >= knots_y[:-1]).all()) or float(knots_y.abs().max()) > 1.0:
+        raise StitchFormatError(
+            "tensor 'confidence.knots_y' must be non-decreasing cosines in [-1, 1]"
+        )
+    if not float(head.ood_threshold[0]) >= 0.0:
+        raise StitchFormatError("tensor 'confidence.ood_threshold' must be at least 0")

@@ -339,8 +339,10 @@ def _load_folder(folder: Path) -> Stitch:
     expected = {name: tuple(t.shape) for name, t in stitch.state_dict().items()}
     declared = config.get("tensors")
     if declared is not None:
-        if not isinstance(declared, dict):
-            raise StitchFormatError("config 'tensors' must map tensor names to shapes")
+        if not isinstance(declared, dict) or not all(
+            isinstance(v, list) for v in declared.values()
+        ):
+            raise StitchFormatError("config 'tensors' must map tensor names to shapes (lists)")
         _check_tensors(expected, {k: tuple(v) for k, v in declared.items()})
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():

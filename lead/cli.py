@@ -33,6 +33,7 @@ from lead.errors import (
     LeadError,
     NonFiniteOutputError,
     ShapeMismatchError,
+    TooFewPairsError,
     ZeroVectorError,
 )
 from lead.splits import holdout_split
@@ -95,22 +96,28 @@ def _split_rows(
 
 
 def _general_rows(
-    sizes: Sequence[int], train: np.ndarray, args: argparse.Namespace
+    sizes: Sequence[int], train: np.ndarray, test: np.ndarray, args: argparse.Namespace
 ) -> tuple[np.ndarray, np.ndarray]:
     """``--general-from``: a share of the training rows of that pair moved out of training,
     for the confidence head only. Returns (training rows, general rows)."""
-    from lead.confidence import MIN_HELD_OUT_ROWS
+    from lead.confidence import MIN_HELD_OUT_ROWS, head_rows_problem
 
     pair = args.general_from
     if pair is None:
+        if args.general_holdout is not None:
+            raise InvalidInputError(
+                "--general-holdout needs --general-from", param="general_holdout"
+            )
         return train, np.arange(0)
-    if not 1 <= pair <= len(sizes) or pair == args.holdout_from:
+    share = 0.1 if args.general_holdout is None else args.general_holdout
+    if args.holdout_from is None or not 1 <= pair <= len(sizes) or pair == args.holdout_from:
         raise InvalidInputError(
             f"--general-from must be between 1 and {len(sizes)} and name another pair than "
-            "--holdout-from",
+            "--holdout-from (which it needs: the held-out rows come from your domain, the "
+            "general rows from outside it)",
             param="general_from",
         )
-    if not args.confidence or args.holdout == 0 or not 0 < args.general_holdout < 1:
+    if not args.confidence or args.holdout == 0 or not 0 < share < 1:
         raise InvalidInputError(
             "--general-from needs the confidence head (no --no-confidence, a --holdout "
             "above 0) and --general-holdout in (0, 1)",
@@ -119,14 +126,18 @@ def _general_rows(
     offset = int(sum(sizes[: pair - 1]))
     inside = train[(train >= offset) & (train < offset + sizes[pair - 1])]
     order = np.random.default_rng(args.seed).permutation(len(inside))
-    general = np.sort(inside[order[: round(len(inside) * args.general_holdout)]])
+    general = np.sort(inside[order[: round(len(inside) * share)]])
     if len(general) < MIN_HELD_OUT_ROWS:
         raise InvalidInputError(
-            f"--general-holdout {args.general_holdout} of pair {pair} leaves {len(general)} "
+            f"--general-holdout {share} of pair {pair} leaves {len(general)} "
             f"general rows; the confidence head needs at least {MIN_HELD_OUT_ROWS}",
             param="general_holdout",
         )
-    return np.setdiff1d(train, general), general
+    train = np.setdiff1d(train, general)
+    problem = head_rows_problem(len(train), len(test), args.dim)
+    if problem is not None:  # the general rows would leave training for nothing
+        raise InvalidInputError(f"--general-from: {problem[0]}", param="general_from")
+    return train, general
 
 
 def _score(
@@ -274,7 +285,8 @@ def _fit(args: argparse.Namespace) -> int:
     X, Y = np.concatenate(xs), np.concatenate(ys)
     train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
     holdout_ids = _holdout_ids(args.ids, [len(x) for x in xs], args.holdout_from, test)
-    train, general = _general_rows([len(x) for x in xs], train, args)
+    args.dim = X.shape[1]
+    train, general = _general_rows([len(x) for x in xs], train, test, args)
     info = _info_from(
         args,
         {
@@ -293,7 +305,9 @@ def _fit(args: argparse.Namespace) -> int:
                     {
                         "general": {
                             "from_pair": args.general_from,
-                            "fraction": args.general_holdout,
+                            "fraction": 0.1
+                            if args.general_holdout is None
+                            else args.general_holdout,
                             "pairs": len(general),
                         }
                     }
@@ -328,25 +342,25 @@ def _attach_confidence(
     seed: int,
 ) -> None:
     """Fit the per-vector confidence head on the held-out (and general) rows and say how
-    well it ranks."""
-    from lead.confidence import MIN_HELD_OUT_ROWS, attach_confidence
+    well it ranks (or why there is none)."""
+    from lead.confidence import MIN_HELD_OUT_ROWS, fit_confidence
 
     X, Y = pairs
-    report = attach_confidence(
-        stitch,
-        X[train],
-        Y[train],
-        X[test],
-        Y[test],
-        X_general=X[general] if len(general) else None,
-        Y_general=Y[general] if len(general) else None,
-        seed=seed,
-    )
-    if report is None:
-        sys.stderr.write(
-            f"note: no confidence head: it needs at least {MIN_HELD_OUT_ROWS} held-out rows "
-            f"(got {len(test)}); raise --holdout to get one\n"
+    try:
+        report = fit_confidence(
+            stitch,
+            X[train],
+            Y[train],
+            X[test],
+            Y[test],
+            X_general=X[general] if len(general) else None,
+            Y_general=Y[general] if len(general) else None,
+            seed=seed,
         )
+    except TooFewPairsError as error:
+        held = error.got == len(test) and error.minimum == MIN_HELD_OUT_ROWS
+        hint = "raise --holdout" if held else "give more training pairs"
+        sys.stderr.write(f"note: no confidence head ({error}); {hint} to get one\n")
         return
     general_part = (
         f", {report['out_of_domain_spearman_score']:.3f} on {report['general_rows']} general rows"
@@ -620,7 +634,6 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--general-holdout",
         type=float,
-        default=0.1,
         metavar="F",
         help="share of the --general-from pair moved out of training (default 0.1)",
     )

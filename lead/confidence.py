@@ -88,6 +88,7 @@ __all__ = [
     "check_head",
     "fit_confidence",
     "head_from_config",
+    "head_rows_problem",
     "translate_with_confidence",
 ]
 
@@ -326,18 +327,19 @@ def fit_confidence(
     ShapeMismatchError
         If the shapes do not match the stitch or each other.
     """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidInputError(f"rank must be a positive integer, got {rank!r}", param="rank")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidInputError(f"seed must be an integer >= 0, got {seed!r}", param="seed")
     Xt = _inputs(stitch, X_train, "X_train")
     Xh = _inputs(stitch, X_held, "X_held")
     Ph = _outputs(stitch, Xh)
     Yt = _as_numpy(Y_train, "Y_train", len(Xt), stitch.d_tgt)
     Yh = _as_numpy(Y_held, "Y_held", len(Xh), stitch.d_tgt)
     in_domain = len(Xh)
-    if in_domain < MIN_HELD_OUT_ROWS:
-        raise TooFewPairsError(
-            f"a confidence head needs at least {MIN_HELD_OUT_ROWS} held-out pairs, got {len(Xh)}",
-            minimum=MIN_HELD_OUT_ROWS,
-            got=len(Xh),
-        )
+    problem = head_rows_problem(len(Xt), in_domain, stitch.d_src, rank)
+    if problem is not None:
+        raise TooFewPairsError(problem[0], minimum=problem[1], got=problem[2])
     if (X_general is None) != (Y_general is None):
         raise InvalidInputError("give both X_general and Y_general, or neither", param="X_general")
     if X_general is not None:
@@ -349,16 +351,11 @@ def fit_confidence(
                 f"got {len(Xg)}",
                 minimum=MIN_HELD_OUT_ROWS,
                 got=len(Xg),
+                param="X_general",
             )
         Xh, Yh = np.concatenate([Xh, Xg]), np.concatenate([Yh, Yg])
         Ph = np.concatenate([Ph, _outputs(stitch, Xg)])
     rank = min(rank, stitch.d_src)
-    if len(Xt) < rank + 2:
-        raise TooFewPairsError(
-            f"a confidence head needs at least {rank + 2} training pairs, got {len(Xt)}",
-            minimum=rank + 2,
-            got=len(Xt),
-        )
     basis = _Basis(Xt, Yt, rank, seed)
     target_mean = Yt.mean(axis=0)
     rng = np.random.default_rng(seed + 1)
@@ -442,6 +439,33 @@ def fit_confidence(
     return dict(head.report)
 
 
+def head_rows_problem(
+    train_rows: int, held_rows: int, d_src: int, rank: int = 64
+) -> tuple[str, int, int] | None:
+    """Why :func:`fit_confidence` cannot fit a head on so many rows, or None when it can.
+
+    Returns
+    -------
+    (message, minimum, got) or None
+        Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows, or fewer training rows than
+        ``min(rank, d_src) + 2``.
+    """
+    if held_rows < MIN_HELD_OUT_ROWS:
+        return (
+            f"a confidence head needs at least {MIN_HELD_OUT_ROWS} held-out pairs, got {held_rows}",
+            MIN_HELD_OUT_ROWS,
+            held_rows,
+        )
+    needed = min(rank, d_src) + 2
+    if train_rows < needed:
+        return (
+            f"a confidence head needs at least {needed} training pairs, got {train_rows}",
+            needed,
+            train_rows,
+        )
+    return None
+
+
 def attach_confidence(
     stitch: Stitch,
     X_train: Any,
@@ -460,6 +484,11 @@ def attach_confidence(
     dict or None
         The report, or None (and no head) with fewer than :data:`MIN_HELD_OUT_ROWS`
         held-out rows or too few training rows.
+
+    Raises
+    ------
+    TooFewPairsError
+        Fewer general rows than :data:`MIN_HELD_OUT_ROWS` (asked for, so not skipped).
     """
     try:
         return fit_confidence(
@@ -472,7 +501,9 @@ def attach_confidence(
             Y_general=Y_general,
             seed=seed,
         )
-    except TooFewPairsError:
+    except TooFewPairsError as error:
+        if error.param == "X_general":
+            raise
         return None
 
 

@@ -404,22 +404,43 @@ def test_fit_calibrates_the_confidence_on_general_rows_too(
     assert "on 60 general rows" in capsys.readouterr().err
 
 
+HOLDOUT_FROM_1 = ["--holdout-from", "1"]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--general-from", "1"], "another pair than --holdout-from"),
-        (["--general-from", "3"], "between 1 and 2"),
-        (["--general-from", "2", "--general-holdout", "0.25"], "leaves 20 general rows"),
-        (["--general-from", "2", "--no-confidence"], "needs the confidence head"),
-        (["--general-from", "2", "--holdout", "0"], "a --holdout above 0"),
-        (["--general-from", "2", "--general-holdout", "1"], "in \\(0, 1\\)"),
+        ([*HOLDOUT_FROM_1, "--general-from", "1"], "another pair than --holdout-from"),
+        ([*HOLDOUT_FROM_1, "--general-from", "3"], "between 1 and 2"),
+        (
+            [*HOLDOUT_FROM_1, "--general-from", "2", "--general-holdout", "0.25"],
+            "leaves 20 general rows",
+        ),
+        ([*HOLDOUT_FROM_1, "--general-from", "2", "--no-confidence"], "needs the confidence head"),
+        ([*HOLDOUT_FROM_1, "--general-from", "2", "--holdout", "0"], "a --holdout above 0"),
+        ([*HOLDOUT_FROM_1, "--general-from", "2", "--general-holdout", "1"], "in \\(0, 1\\)"),
+        ([*HOLDOUT_FROM_1, "--general-holdout", "0.5"], "--general-holdout needs --general-from"),
+        # 20 held-out documents: no head, so no rows may leave training for one
+        (
+            [
+                *HOLDOUT_FROM_1,
+                "--general-from",
+                "2",
+                "--general-holdout",
+                "0.75",
+                "--holdout",
+                "0.05",
+            ],
+            "needs at least 50 held-out pairs, got 20",
+        ),
+        (["--general-from", "2"], "which it needs"),  # no --holdout-from
     ],
 )
 def test_fit_refuses_general_rows_it_cannot_use(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     general = ["--source", f"{EVERYDAY}:minilm", "--target", f"{EVERYDAY}:mpnet"]
-    assert main(_fit_args(tmp_path / "g", *general, "--holdout-from", "1", *extra)) == 2
+    assert main(_fit_args(tmp_path / "g", *general, *extra)) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "g" / "config.json").exists()
 
@@ -431,7 +452,9 @@ def test_fit_without_confidence_or_with_too_few_held_out_rows(
     assert load_stitch(tmp_path / "off").confidence_head is None
     capsys.readouterr()
     assert main(_fit_args(tmp_path / "few", "--holdout", "0.1")) == 0  # 40 held-out rows
-    assert "no confidence head: it needs at least 50 held-out rows" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no confidence head (a confidence head needs at least 50 held-out pairs, got 40)" in err
+    assert "raise --holdout" in err
     assert load_stitch(tmp_path / "few").confidence_head is None
 
 

@@ -17,6 +17,7 @@ from lead.confidence import (
     MIN_HELD_OUT_ROWS,
     ConfidenceHead,
     _pav,
+    attach_confidence,
     fit_confidence,
     translate_with_confidence,
 )
@@ -198,7 +199,25 @@ def _set(key: str, value: Any) -> Any:
         (_set("stitch_features", 3), None, "stitch has 0 \\(none\\)"),
         (_set("stitch_features", -1), None, "bad confidence block"),
         (_set("stitch_features", True), None, "stitch_features must be an integer"),
-        (_set("knots", 10**9), None, "tensor 'confidence.knots_x' has shape"),
+        (_set("knots", 1000), None, "tensor 'confidence.knots_x' has shape"),
+        (_set("knots", 10**30), None, "bad confidence block"),  # nothing allocated
+        (_set("version", 2.0), None, "unsupported confidence method"),
+        (_set("version", 1), None, "stitch_features needs version 2"),
+        (
+            None,
+            lambda t: t["confidence.knots_y"].copy_(t["confidence.knots_y"].flip(0)),
+            "'confidence.knots_y' must be non-decreasing",
+        ),
+        (
+            None,
+            lambda t: t["confidence.ood_threshold"].fill_(-1.0),
+            "'confidence.ood_threshold' must be at least 0",
+        ),
+        (
+            lambda c: c["tensors"].__setitem__("confidence.bias", 1),
+            None,
+            "must map tensor names to shapes",
+        ),
         (_set("report", [1]), None, "confidence.report must be an object"),
         (lambda c: c.__setitem__("confidence", "yes"), None, "must be an object"),
         (None, lambda t: t.pop("confidence.bias"), "tensor 'confidence.bias' is missing"),
@@ -245,10 +264,14 @@ def test_a_version_1_head_still_loads_and_scores_the_same(
     def to_version_1(config: dict[str, Any]) -> None:
         assert config["confidence"].pop("stitch_features") == 0
         config["confidence"]["version"] = 1
+        report = config["confidence"]["report"]
+        report["spearman_in_domain"] = report.pop("in_domain_spearman_score")
 
     _corrupt(folder, to_version_1)
     old = load_stitch(folder)
     assert old.confidence_head is not None and old.confidence_head.stitch_features == 0
+    # read under the current name (what GET /v1/stitches shows)
+    assert "in_domain_spearman_score" in old.confidence_head.report
     for a, b in zip(
         translate_with_confidence(old, pairs["Xh"]),
         translate_with_confidence(stitch, pairs["Xh"]),
@@ -297,6 +320,15 @@ def test_general_rows_are_reported_apart_and_checked(pairs: dict[str, np.ndarray
         fit_confidence(
             stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, X_general=Xh[:10], Y_general=Yh[:10]
         )
+    # asked for, so not skipped like too few held-out rows are
+    with pytest.raises(TooFewPairsError, match="general rows"):
+        attach_confidence(
+            stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, X_general=Xh[:10], Y_general=Yh[:10]
+        )
+    assert attach_confidence(stitch, pairs["Xt"], pairs["Yt"], Xh[:10], Yh[:10]) is None
+    for bad in ({"rank": 2.5}, {"rank": 0}, {"seed": -1}, {"seed": True}):
+        with pytest.raises(InvalidInputError, match=next(iter(bad))):
+            fit_confidence(stitch, pairs["Xt"], pairs["Yt"], Xh, Yh, **bad)  # type: ignore[arg-type]
 
 
 def test_score_checks_shapes() -> None:

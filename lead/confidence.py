@@ -27,7 +27,7 @@ after :func:`lead.unit_input.normalize_input`):
    closeness to its memory, in-sample on the training rows and so fitted here only): a
    ridge predictor from stage 2's out-of-fold score and those features, so that a row
    whose features are 0 keeps stage 2's ranking. On the bundled gated stitches they lifted
-   the out-of-fold Spearman from 0.41-0.53 to 0.58-0.76 (``models/README.md``). All
+   the out-of-fold Spearman from 0.41-0.56 to 0.58-0.76 (``models/README.md``). All
    stages are linear, so the head stores one linear function. Stages 2 and 3 are
    cross-fitted over 5 folds of the held-out rows, and the reported Spearman is over
    those out-of-fold predictions;

@@ -186,6 +186,12 @@ class Stitch(nn.Module):
     #: Names of :meth:`confidence_features`' columns (none by default).
     confidence_feature_names: ClassVar[tuple[str, ...]] = ()
 
+    def typical_inputs(self) -> Tensor | None:
+        """Real inputs of the kind the stitch was fitted on, when it keeps some (shape
+        (m, d_src), unit rows), else None (the default): e.g. for a probe that must land
+        inside the training distribution, where a confidence head does not flag it."""
+        return None
+
     def confidence_features(self, x: Tensor) -> Tensor:
         """The stitch's own per-row evidence of how well it translates ``x``, which its
         confidence head weighs beside its generic features (:mod:`lead.confidence`).
@@ -496,6 +502,10 @@ class LocalStitch(Stitch):
         nearest = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         return base + self.strength * correction.to(base.dtype), nearest
 
+    def typical_inputs(self) -> Tensor:
+        """The memory keys: training inputs (unit rows), shape (memory, d_src)."""
+        return self.keys.detach()
+
     def nearest_cosines(self, x_centred: Tensor) -> Tensor:
         """Each row's ``k`` highest cosines to the memory keys, float32 of shape (n, k),
         largest first (of the uncentred rows, as :meth:`map_and_nearest` scores them)."""
@@ -642,6 +652,10 @@ class GatedStitch(Stitch):
         return share.clamp(0.0, 1.0)
 
     confidence_feature_names = ("gated_nearest_cosine", "gate_share", "gated_mean_cosine")
+
+    def typical_inputs(self) -> Tensor:
+        """The local stitch's memory keys: in-domain training inputs (unit rows)."""
+        return self.domain.typical_inputs()
 
     def confidence_features(self, x: Tensor) -> Tensor:
         """How the local stitch stands on each row, weighted by its share ``a`` of the

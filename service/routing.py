@@ -362,7 +362,8 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
             exact_run, d_in, _ = oriented(stitch, inverse=inverse)
             approx_run = oriented(reduced, inverse=inverse)[0]
             mean = getattr(stitch, "target_mean" if inverse else "source_mean", None)
-            x = _probe_batch(d_in, mean).to(device)
+            typical = None if inverse else stitch.typical_inputs()
+            x = _probe_batch(d_in, mean, typical).to(device)
             exact, approx = exact_run(x), approx_run(x.to(dtype))
             cosine = nn.functional.cosine_similarity(exact, approx.float(), dim=1)
             finite = bool(torch.isfinite(approx).all() and torch.isfinite(cosine).all())
@@ -391,17 +392,28 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
     return stitch
 
 
-def _probe_batch(d: int, mean: Tensor | None) -> Tensor:
+#: Most of a stitch's own typical inputs (:meth:`Stitch.typical_inputs`) in the probe.
+PROBE_TYPICAL_ROWS = 32
+
+
+def _probe_batch(d: int, mean: Tensor | None, typical: Tensor | None = None) -> Tensor:
     """64 seeded unit rows of dimension ``d``: 32 in every direction, and 32 around the
     direction of ``mean`` (the training inputs' mean), where real embeddings sit (those of
     multilingual-e5-small have a mean of norm 0.89): centring them cancels most of their
-    digits, which a reduced precision may not survive while isotropic rows do."""
+    digits, which a reduced precision may not survive while isotropic rows do. Then up to
+    :data:`PROBE_TYPICAL_ROWS` of ``typical`` (real training inputs, evenly spaced):
+    synthetic rows are all out of distribution for some confidence heads, and a flagged
+    row's confidence is 0 in any precision, so only real ones test the confidences."""
     generator = torch.Generator().manual_seed(0)
     noise = nn.functional.normalize(torch.randn(64, d, generator=generator), dim=1)
-    if mean is None or not bool(mean.detach().abs().sum() > 0):
-        return noise
-    centre = nn.functional.normalize(mean.detach().float().cpu().reshape(1, d), dim=1)
-    return torch.cat([noise[:32], nn.functional.normalize(centre + 0.5 * noise[32:], dim=1)])
+    rows = [noise]
+    if mean is not None and bool(mean.detach().abs().sum() > 0):
+        centre = nn.functional.normalize(mean.detach().float().cpu().reshape(1, d), dim=1)
+        rows = [noise[:32], nn.functional.normalize(centre + 0.5 * noise[32:], dim=1)]
+    if typical is not None and len(typical):
+        step = max(1, len(typical) // PROBE_TYPICAL_ROWS)
+        rows.append(typical.detach().float().cpu()[::step][:PROBE_TYPICAL_ROWS])
+    return torch.cat(rows)
 
 
 def probe_stitch(stitch: Stitch, device: torch.device) -> None:

@@ -174,3 +174,23 @@ def test_confidences_hold_in_a_reduced_precision(name: str) -> None:
         confidences.append(registry.route_for_id(name).translate_scored(x)[1])
     assert np.abs(confidences[0] - confidences[1]).max() <= 0.05
     assert len(np.unique(confidences[1])) > 40  # not flattened to a few levels
+
+
+@pytest.mark.parametrize("name", ["mpnet-to-minilm", "minilm-to-mpnet", "e5-to-minilm"])
+def test_the_reduced_precision_probe_scores_real_inputs(name: str) -> None:
+    """Synthetic probe rows were all out of distribution for mpnet -> MiniLM's head (an
+    adversarial pass found it), so its confidences read 0 in any precision and the
+    reduced-precision check on them measured nothing. The gated stitch's memory keys
+    (real training inputs) join the probe, and the head takes them as in distribution."""
+    from service.routing import PROBE_TYPICAL_ROWS, _probe_batch
+
+    stitch = load_stitch(MODELS / name)
+    typical = stitch.typical_inputs()
+    assert typical is not None and len(typical) > PROBE_TYPICAL_ROWS
+    x = _probe_batch(stitch.d_src, stitch.source_mean, typical)
+    assert x.shape == (64 + PROBE_TYPICAL_ROWS, stitch.d_src)
+    with torch.inference_mode():
+        ood = stitch.score_confidence(x, stitch(x))[1]
+    assert not bool(ood[64:].any())  # every real row is scored
+    synthetic_only = _probe_batch(stitch.d_src, stitch.source_mean)
+    assert synthetic_only.shape == (64, stitch.d_src)

@@ -29,6 +29,7 @@ from lead.errors import (
     ConflictError,
     InvalidInputError,
     LeadError,
+    ShapeMismatchError,
     StitchFormatError,
     StitchNotFoundError,
 )
@@ -166,6 +167,9 @@ def save_stitch(
     InvalidInputError
         If ``folder`` exists and is not an empty folder or a stitch folder, or ``dtype``
         is not a storage dtype.
+    ShapeMismatchError
+        If the stitch's confidence head weighs stitch features that this architecture
+        does not give (a head fitted for another stitch).
     ConflictError
         If ``overwrite`` is false and ``folder`` exists and is not empty.
 
@@ -185,6 +189,12 @@ def save_stitch(
     if dtype not in STORAGE_DTYPES:
         raise InvalidInputError(
             f"dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}", param="dtype"
+        )
+    head = stitch.confidence_head
+    problem = None if head is None else _head_features_problem(stitch, head.stitch_features)
+    if problem is not None:  # it would not load back
+        raise ShapeMismatchError(
+            f"the confidence head's {problem}", param="confidence_head", expected=0, got=problem
         )
     folder.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -309,15 +319,22 @@ def _build(config: dict[str, Any]) -> Stitch:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
     if config.get("confidence") is not None:
         head = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
-        names = cls.confidence_feature_names
-        if head.stitch_features not in (0, len(names)):
-            raise StitchFormatError(
-                f"config confidence.stitch_features is {head.stitch_features}, but a "
-                f"{cls.architecture} stitch has {len(names)} "
-                f"({', '.join(names) or 'none'})"
-            )
+        problem = _head_features_problem(stitch, head.stitch_features)
+        if problem is not None:
+            raise StitchFormatError(f"config confidence.{problem}")
         stitch.confidence_head = head
     return stitch
+
+
+def _head_features_problem(stitch: Stitch, stitch_features: int) -> str | None:
+    """Why a head taking ``stitch_features`` features of the stitch cannot ride on it."""
+    names = type(stitch).confidence_feature_names
+    if stitch_features in (0, len(names)):
+        return None
+    return (
+        f"stitch_features is {stitch_features}, but {stitch.architecture} stitches give "
+        f"{len(names)} ({', '.join(names) or 'none'})"
+    )
 
 
 def _check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]]) -> None:

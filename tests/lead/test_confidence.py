@@ -196,7 +196,7 @@ def _set(key: str, value: Any) -> Any:
         (_set("version", 99), None, "unsupported confidence method"),
         (_set("rank", "64"), None, "confidence.rank must be an integer"),
         (_set("rank", 0), None, "bad confidence block"),
-        (_set("stitch_features", 3), None, "stitch has 0 \\(none\\)"),
+        (_set("stitch_features", 3), None, "stitches give 0 \\(none\\)"),
         (_set("stitch_features", -1), None, "bad confidence block"),
         (_set("stitch_features", True), None, "stitch_features must be an integer"),
         (_set("knots", 1000), None, "tensor 'confidence.knots_x' has shape"),

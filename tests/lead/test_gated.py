@@ -18,7 +18,7 @@ from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
 from lead.batch_invariance import forward_batch_invariant
 from lead.confidence import fit_confidence, translate_with_confidence
-from lead.errors import InvalidInputError, StitchFormatError
+from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError
 from lead.fitting import fit_stitch
 from lead.stitches import GatedStitch, Stitch, StitchInfo, unit_rows
 
@@ -155,6 +155,21 @@ def test_the_confidence_weighs_how_close_an_input_is_to_the_memory(
 def _memory_rows(stitch: GatedStitch) -> np.ndarray:
     """30 of the memory's own rows (unit source vectors): closest to it, gate 1."""
     return stitch.domain.keys.detach().float().numpy()[:30]
+
+
+def test_a_head_is_not_saved_on_a_stitch_that_lacks_its_features(
+    with_head: Any, scifact_small: Any, tmp_path: Path
+) -> None:
+    """A gated stitch's head weighs the gated stitch's own features: moved by hand onto a
+    ridge stitch, it is refused at save time (it would not load back), nothing written."""
+    stitch, _, _ = with_head
+    ridge = fit_stitch(
+        scifact_small.corpus["minilm"][:300], scifact_small.corpus["mpnet"][:300], "ridge"
+    )
+    ridge.confidence_head = copy.deepcopy(stitch.confidence_head)
+    with pytest.raises(ShapeMismatchError, match="affine stitches give 0"):
+        save_stitch(ridge, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
 
 
 def test_where_the_mlp_answers_the_ranking_is_the_generic_features(

@@ -283,3 +283,19 @@ def test_a_stitch_file_whose_gate_is_upside_down_is_refused(fitted: Any, tmp_pat
     config_path.write_text(json.dumps(config))
     with pytest.raises(StitchFormatError, match="gate"):
         load_stitch(tmp_path / "g")
+
+
+def test_a_migration_scores_a_gated_stitch_as_the_library_does(
+    with_head: Any, scifact_small: Any, tmp_path: Path
+) -> None:
+    """``lead migrate`` / ``lead translate`` (LocalTranslator) pass the stitch's own
+    features to its head (the head alone refuses to score without them)."""
+    from lead.migrate.translator import LocalTranslator
+
+    stitch, _, everyday = with_head
+    folder = save_stitch(stitch, tmp_path / "g")
+    x = np.concatenate([scifact_small.queries["minilm"][:20], everyday["minilm"][40:]])
+    y, _, confidence, ood = LocalTranslator(folder).translate_scored(x)
+    want = translate_with_confidence(load_stitch(folder), x)
+    assert np.array_equal(y, want[0].numpy())
+    assert np.array_equal(confidence, want[1].numpy()) and np.array_equal(ood, want[2].numpy())

@@ -23,6 +23,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "ConfidenceHead",
     "check_head",
+    "current_report",
     "head_from_config",
 ]
 
@@ -250,6 +251,12 @@ def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
     return y0 + t * (y1 - y0)
 
 
+def current_report(report: dict[Any, Any]) -> dict[str, Any]:
+    """A head's ``report`` with the keys of version-1 heads under their current names
+    (``spearman_in_domain`` -> ``in_domain_spearman_score``, ...)."""
+    return {_RENAMED_REPORT_KEYS.get(str(key), str(key)): value for key, value in report.items()}
+
+
 def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
     """An empty head shaped as a ``config.json`` ``"confidence"`` block says.
 
@@ -287,9 +294,7 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
         head = ConfidenceHead(d_src, d_tgt, **sizes)  # type: ignore[arg-type]
     except ShapeMismatchError as error:
         raise StitchFormatError(f"bad confidence block: {error}") from None
-    head.report = {
-        _RENAMED_REPORT_KEYS.get(str(key), str(key)): value for key, value in report.items()
-    }
+    head.report = current_report(report)
     return head
 
 

@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from lead._confidence_head import current_report
+
 __all__ = ["model_card"]
 
 
@@ -99,21 +101,15 @@ def _scorecard_table(scorecard: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-def _in_domain_spearman(report: dict[str, Any]) -> float | None:
-    """The head's in-domain Spearman (``spearman_in_domain`` in heads saved before the
-    metric names ended in ``_score``)."""
-    return _number(report.get("in_domain_spearman_score", report.get("spearman_in_domain")))
-
-
 def _confidence_section(config: dict[str, Any]) -> str:
     block = config.get("confidence")
-    report = block.get("report") if isinstance(block, dict) else None
-    if not isinstance(block, dict) or not isinstance(report, dict):
+    report = _head_report(config)
+    if not isinstance(block, dict) or report is None:
         return (
             "This stitch has no confidence head (it was fitted without held-out rows, or "
             "with `--no-confidence`)."
         )
-    spearman = _in_domain_spearman(report)
+    spearman = _number(report.get("in_domain_spearman_score"))
     shown = f"{spearman:.4f}" if spearman is not None else "?"
     threshold = _number(report.get("ood_threshold"))
     generic = _number(report.get("generic_spearman_score"))
@@ -144,13 +140,19 @@ def _confidence_section(config: dict[str, Any]) -> str:
     )
 
 
-def _confidence_metric(config: dict[str, Any]) -> list[tuple[str, float]]:
+def _head_report(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The confidence head's report under the current key names, or None without a head."""
     block = config.get("confidence")
     report = block.get("report") if isinstance(block, dict) else None
-    value = _in_domain_spearman(report) if isinstance(report, dict) else None
-    general = (
-        _number(report.get("out_of_domain_spearman_score")) if isinstance(report, dict) else None
-    )
+    return current_report(report) if isinstance(report, dict) else None
+
+
+def _confidence_metric(config: dict[str, Any]) -> list[tuple[str, float]]:
+    report = _head_report(config)
+    if report is None:
+        return []
+    value = _number(report.get("in_domain_spearman_score"))
+    general = _number(report.get("out_of_domain_spearman_score"))
     metrics = [] if value is None else [("confidence_spearman_score", value)]
     if general is not None:
         metrics.append(("confidence_out_of_domain_spearman_score", general))

@@ -96,7 +96,7 @@ def _split_rows(
 
 
 def _general_rows(
-    sizes: Sequence[int], train: np.ndarray, test: np.ndarray, args: argparse.Namespace
+    sizes: Sequence[int], train: np.ndarray, test: np.ndarray, d_src: int, args: argparse.Namespace
 ) -> tuple[np.ndarray, np.ndarray]:
     """``--general-from``: a share of the training rows of that pair moved out of training,
     for the confidence head only. Returns (training rows, general rows)."""
@@ -134,9 +134,9 @@ def _general_rows(
             param="general_holdout",
         )
     train = np.setdiff1d(train, general)
-    problem = head_rows_problem(len(train), len(test), args.dim)
+    problem = head_rows_problem(len(train), len(test), d_src)
     if problem is not None:  # the general rows would leave training for nothing
-        raise InvalidInputError(f"--general-from: {problem[0]}", param="general_from")
+        raise InvalidInputError(f"--general-from: {problem}", param="general_from")
     return train, general
 
 
@@ -285,8 +285,7 @@ def _fit(args: argparse.Namespace) -> int:
     X, Y = np.concatenate(xs), np.concatenate(ys)
     train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
     holdout_ids = _holdout_ids(args.ids, [len(x) for x in xs], args.holdout_from, test)
-    args.dim = X.shape[1]
-    train, general = _general_rows([len(x) for x in xs], train, test, args)
+    train, general = _general_rows([len(x) for x in xs], train, test, X.shape[1], args)
     info = _info_from(
         args,
         {

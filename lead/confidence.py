@@ -339,7 +339,7 @@ def fit_confidence(
     in_domain = len(Xh)
     problem = head_rows_problem(len(Xt), in_domain, stitch.d_src, rank)
     if problem is not None:
-        raise TooFewPairsError(problem[0], minimum=problem[1], got=problem[2])
+        raise problem
     if (X_general is None) != (Y_general is None):
         raise InvalidInputError("give both X_general and Y_general, or neither", param="X_general")
     if X_general is not None:
@@ -441,27 +441,27 @@ def fit_confidence(
 
 def head_rows_problem(
     train_rows: int, held_rows: int, d_src: int, rank: int = 64
-) -> tuple[str, int, int] | None:
+) -> TooFewPairsError | None:
     """Why :func:`fit_confidence` cannot fit a head on so many rows, or None when it can.
 
     Returns
     -------
-    (message, minimum, got) or None
-        Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows, or fewer training rows than
-        ``min(rank, d_src) + 2``.
+    TooFewPairsError or None
+        The error for fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows, or fewer
+        training rows than ``min(rank, d_src) + 2``.
     """
     if held_rows < MIN_HELD_OUT_ROWS:
-        return (
+        return TooFewPairsError(
             f"a confidence head needs at least {MIN_HELD_OUT_ROWS} held-out pairs, got {held_rows}",
-            MIN_HELD_OUT_ROWS,
-            held_rows,
+            minimum=MIN_HELD_OUT_ROWS,
+            got=held_rows,
         )
     needed = min(rank, d_src) + 2
     if train_rows < needed:
-        return (
+        return TooFewPairsError(
             f"a confidence head needs at least {needed} training pairs, got {train_rows}",
-            needed,
-            train_rows,
+            minimum=needed,
+            got=train_rows,
         )
     return None
 

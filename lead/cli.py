@@ -95,6 +95,17 @@ def _split_rows(
     return np.sort(np.concatenate([others, train + offset])), test + offset
 
 
+#: ``--general-holdout`` when not given.
+DEFAULT_GENERAL_HOLDOUT = 0.1
+
+
+def _general_share(args: argparse.Namespace) -> float:
+    """``--general-holdout``, or :data:`DEFAULT_GENERAL_HOLDOUT` (None marks "not given",
+    which ``--general-holdout`` without ``--general-from`` is refused for)."""
+    share = args.general_holdout
+    return DEFAULT_GENERAL_HOLDOUT if share is None else float(share)
+
+
 def _general_rows(
     sizes: Sequence[int], train: np.ndarray, test: np.ndarray, d_src: int, args: argparse.Namespace
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +120,7 @@ def _general_rows(
                 "--general-holdout needs --general-from", param="general_holdout"
             )
         return train, np.arange(0)
-    share = 0.1 if args.general_holdout is None else args.general_holdout
+    share = _general_share(args)
     if args.holdout_from is None or not 1 <= pair <= len(sizes) or pair == args.holdout_from:
         raise InvalidInputError(
             f"--general-from must be between 1 and {len(sizes)} and name another pair than "
@@ -304,9 +315,7 @@ def _fit(args: argparse.Namespace) -> int:
                     {
                         "general": {
                             "from_pair": args.general_from,
-                            "fraction": 0.1
-                            if args.general_holdout is None
-                            else args.general_holdout,
+                            "fraction": _general_share(args),
                             "pairs": len(general),
                         }
                     }

@@ -11,7 +11,8 @@ archive``) and both servers are measured in alternating rounds in one run, so th
 ratios hold on a shared, noisy machine. Each round, against a fresh uvicorn process:
 
 * **one client**, back to back, base64 single vectors of ``minilm-to-mpnet`` (the bundled
-  gated stitch; ``--stitch FOLDER``, repeatable, serves others side by side): p50 / p99
+  gated stitch; ``--stitch FOLDER``, repeatable, serves others side by side), a real SciFact
+  test query (``--vector gaussian``: an out-of-distribution one instead): p50 / p99
   and requests/s, with a lean keep-alive socket client (what a compiled client adds:
   microseconds) and with ``httpx.Client`` (what a Python client adds: ~0.3-0.4 ms per
   call);
@@ -41,6 +42,7 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+from safetensors.numpy import load_file
 
 from bench.common import QUICK_RESULTS, log, use_results_dir, write_result
 from bench.data import REPO
@@ -49,10 +51,21 @@ STITCH = "minilm-to-mpnet"
 WARMUP = 200
 
 
-def _body(stitch: str = STITCH, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    vector = rng.standard_normal(384).astype("<f4")
-    vector /= np.linalg.norm(vector)
+def _vector(kind: str) -> np.ndarray:
+    """The 384-d unit vector every request sends: a real all-MiniLM-L6-v2 SciFact test
+    query (``query``: not in any bundled stitch's training data, what a retrieval system
+    sends) or a seeded Gaussian one (``gaussian``: out of distribution, so a gated stitch
+    runs its memory search and its MLP)."""
+    if kind == "query":
+        queries = load_file(str(REPO / "tests" / "fixtures" / "scifact_small.safetensors"))
+        vector = queries["minilm_queries"][0].astype("<f4")
+    else:
+        vector = np.random.default_rng(0).standard_normal(384).astype("<f4")
+    return vector / np.linalg.norm(vector)
+
+
+def _body(stitch: str = STITCH, kind: str = "query") -> bytes:
+    vector = _vector(kind)
     payload = {"stitch": stitch, "input": [base64.b64encode(vector.tobytes()).decode()]}
     return orjson.dumps({**payload, "encoding_format": "base64"})
 
@@ -185,11 +198,17 @@ def _serve(root: Path, data_dir: Path, stitch_dir: Path) -> tuple[subprocess.Pop
 
 
 def measure(
-    root: Path, n: int, seconds: float, clients: int, stitch_dir: Path = REPO / "models" / STITCH
+    root: Path,
+    n: int,
+    seconds: float,
+    clients: int,
+    stitch_dir: Path = REPO / "models" / STITCH,
+    vector: str = "query",
 ) -> dict[str, Any]:
     """One round against a fresh server running the code under ``root`` and serving the
-    stitch in ``stitch_dir`` (384-d inputs)."""
-    body = _body(stitch_dir.name)
+    stitch in ``stitch_dir`` (384-d inputs), every request sending ``vector``
+    (:func:`_vector`)."""
+    body = _body(stitch_dir.name, vector)
     request = request_bytes(body)
     with tempfile.TemporaryDirectory() as data_dir:
         proc, port = _serve(root, Path(data_dir), stitch_dir)
@@ -233,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         "each round, by folder name); default: the bundled models/minilm-to-mpnet",
     )
     parser.add_argument(
+        "--vector",
+        choices=("query", "gaussian"),
+        default="query",
+        help="what each request sends: a real SciFact test query (default) or a Gaussian "
+        "vector (out of distribution: a gated stitch's slow path)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="1 round, 500 requests, 3 s, written to bench/results/quick/ (not committed)",
@@ -256,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, (root, folder) in runs.items():
                 log(f"latency round {i + 1}/{args.rounds}: {name}")
                 rounds[name].append(
-                    measure(root, args.requests, args.seconds, args.clients, folder)
+                    measure(root, args.requests, args.seconds, args.clients, folder, args.vector)
                 )
     result: dict[str, Any] = {
         "stitch": ", ".join(folder.name for folder in stitches),
+        "vector": args.vector,
         "clients": args.clients,
         "servers": {},
     }

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lead.batch_invariance import forward_batch_invariant
+from lead.batch_invariance import (
+    fixed_order_sum,
+    forward_batch_invariant,
+    half_keys,
+    top_k_cosines,
+)
 from lead.errors import (
     InvalidInputError,
     NoConfidenceError,
@@ -455,6 +460,7 @@ class LocalStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         self.keys = nn.Parameter(torch.zeros(memory, d_src))
         self.values = nn.Parameter(torch.zeros(memory, d_tgt))
+        self._half: tuple[tuple[object, ...], Tensor | None] | None = None
 
     def check_loaded(self) -> None:
         """:meth:`Stitch.check_loaded`, and the memory keys must be unit rows (they are
@@ -470,9 +476,16 @@ class LocalStitch(Stitch):
         if bool((off > self.KEY_NORM_TOLERANCE).any()):
             raise InvalidInputError("the memory keys must be unit rows", param="keys")
 
+    #: Batch-invariant by itself (:data:`lead.batch_invariance.ROW_INVARIANT`): only the
+    #: global map's product is padded, the memory search runs on the real rows.
+    row_invariant = True
+
+    def _global(self, x_centred: Tensor) -> Tensor:
+        return x_centred @ self.weight.T
+
     def _map(self, x_centred: Tensor) -> Tensor:
         if self.strength == 0:
-            return x_centred @ self.weight.T
+            return forward_batch_invariant(self._global, x_centred)
         return self.map_and_nearest(x_centred)[0]
 
     def map_and_nearest(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
@@ -491,7 +504,7 @@ class LocalStitch(Stitch):
         nearest : Tensor of shape (n,), float32
             The largest cosine of each (uncentred) row to the keys, in [-1, 1].
         """
-        base = x_centred @ self.weight.T
+        base = forward_batch_invariant(self._global, x_centred)
         parts = [
             self._correction(x_centred[i : i + self.CHUNK])
             for i in range(0, x_centred.shape[0], self.CHUNK)
@@ -517,11 +530,25 @@ class LocalStitch(Stitch):
             return x_centred.new_zeros((0, self.k), dtype=torch.float32)
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
+    def _half_keys(self) -> Tensor | None:
+        """The keys in float16 for the search's first scoring
+        (:func:`lead.batch_invariance.half_keys`), made once per state of the keys (their
+        storage and version: a fit, a load or a move makes them again)."""
+        keys = self.keys
+        if keys.is_inference():  # no version counter to tell a change: not kept
+            return half_keys(keys)
+        stamp = (keys.data_ptr(), keys._version, keys.device, keys.dtype)
+        if self._half is None or self._half[0] != stamp:
+            with torch.inference_mode(False), torch.no_grad():
+                self._half = (stamp, half_keys(keys))
+        return self._half[1]
+
     def _neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
-        """The ``k`` highest cosines (sorted, largest first) and their memory rows."""
+        """The ``k`` highest cosines (sorted, largest first, ties to the lower row) and their
+        memory rows, the same bits whatever the batch
+        (:func:`lead.batch_invariance.top_k_cosines`)."""
         x = unit_rows(x_centred.float() + self.source_mean.float())
-        top, index = (x @ self.keys.float().T).topk(self.k, dim=1)
-        return top, index
+        return top_k_cosines(x, self.keys.float(), self.k, half=self._half_keys())
 
     def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
         top, index = self._neighbours(x_centred)  # sorted: top[:, 0] is the largest
@@ -531,9 +558,14 @@ class LocalStitch(Stitch):
         shift = top[:, :1].clamp_min(self.sink)
         inverse_t = 1.0 / self.temperature
         weights = torch.exp((top - shift) * inverse_t)
-        total = weights.sum(dim=1, keepdim=True) + torch.exp((self.sink - shift) * inverse_t)
-        neighbours = self.values.float()[index]  # (n, k, d_tgt)
-        return ((weights / total).unsqueeze(-1) * neighbours).sum(dim=1), top[:, 0]
+        sink = torch.exp((self.sink - shift) * inverse_t)
+        weights = weights / (fixed_order_sum(weights).unsqueeze(1) + sink)
+        # the weighted sum over the neighbours in a fixed order, row by row (elementwise)
+        values = self.values.float()
+        correction = weights[:, :1] * values[index[:, 0]]
+        for j in range(1, self.k):
+            correction = correction + weights[:, j : j + 1] * values[index[:, j]]
+        return correction, top[:, 0]
 
 
 class GatedStitch(Stitch):
@@ -572,6 +604,10 @@ class GatedStitch(Stitch):
     )
     domain: LocalStitch
     general: MLPStitch
+    #: Batch-invariant by itself (:data:`lead.batch_invariance.ROW_INVARIANT`): each
+    #: expert pads its own dense products, the memory search runs on the real rows, and
+    #: the MLP only on those it has a share of.
+    row_invariant = True
     #: The widest gate bounds: a cosine lies in [-1, 1], a bound minus a width of 2 in [-3, 1].
     MAX_GATE = 3.0
 
@@ -686,8 +722,17 @@ class GatedStitch(Stitch):
         if domain.output_scale is not None:
             mapped = mapped * domain.output_scale
         y_domain = mapped + domain.target_mean
-        y_general: Tensor = self.general(x)  # its normalize_output is off: the full vector
-        a = self.gate(nearest).to(y_domain.dtype).unsqueeze(1)
+        a = self.gate(nearest).to(y_domain.dtype)
+        # the MLP only for the rows it has a share of (its normalize_output is off: the full
+        # vector); a row the local stitch answers alone blends with zeros
+        general = (a < 1).nonzero().flatten()
+        if len(general) == len(a):
+            y_general = forward_batch_invariant(self.general, x)
+        else:
+            y_general = torch.zeros_like(y_domain)
+            if len(general):
+                y_general[general] = forward_batch_invariant(self.general, x[general])
+        a = a.unsqueeze(1)
         return a * y_domain + (1 - a) * y_general - self.target_mean
 
 

@@ -16,8 +16,15 @@ import torch
 from torch import Tensor
 
 from lead import load_stitch
-from lead.batch_invariance import ROW_QUANTUM, forward_batch_invariant
-from lead.stitches import oriented
+from lead.batch_invariance import (
+    ROW_INVARIANT,
+    ROW_QUANTUM,
+    fixed_order_sum,
+    forward_batch_invariant,
+    half_keys,
+    top_k_cosines,
+)
+from lead.stitches import oriented, unit_rows
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 BUNDLED = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
@@ -72,7 +79,8 @@ def test_rows_are_bit_identical_in_any_batch(
 def test_a_plain_forward_is_not_batch_invariant(scifact_small: Any) -> None:
     """What the padding is for: without it the same rows differ across batch sizes (if this
     ever fails, the BLAS became invariant by itself and the padding could go)."""
-    run, d_in = _run("minilm-to-mpnet", False)
+    run, d_in = _run("minilm-to-pml3-invertible", False)
+    assert not getattr(run, ROW_INVARIANT, False)
     x = _rows(scifact_small, d_in)
     with torch.inference_mode():
         alone = torch.cat([run(x[i : i + 1]) for i in range(64)])
@@ -80,8 +88,25 @@ def test_a_plain_forward_is_not_batch_invariant(scifact_small: Any) -> None:
     assert not torch.equal(alone, whole)
 
 
+@pytest.mark.parametrize("name", ["minilm-to-mpnet", "e5-to-minilm"])
+def test_a_gated_stitch_is_batch_invariant_by_itself(
+    name: str, scifact_small: Any, restore_threads: None
+) -> None:
+    """A gated stitch pads only its dense products; its plain forward, unpadded, gives
+    every row the same bits alone and in a batch (its memory search is exact per row)."""
+    run, d_in = _run(name, False)
+    assert getattr(run, ROW_INVARIANT, False)
+    x = _rows(scifact_small, d_in)[:200]
+    with torch.inference_mode():
+        torch.set_num_threads(1)
+        alone = torch.cat([run(x[i : i + 1]) for i in range(0, 200, 3)])
+        torch.set_num_threads(2)
+        whole = run(x)[::3]
+    assert torch.equal(alone, whole)
+
+
 def test_output_matches_the_plain_forward_to_rounding(scifact_small: Any) -> None:
-    run, d_in = _run("minilm-to-e5", False)
+    run, d_in = _run("minilm-to-pml3-invertible", False)
     x = _rows(scifact_small, d_in)[:37]
     with torch.inference_mode():
         padded, plain = forward_batch_invariant(run, x), run(x)
@@ -94,3 +119,94 @@ def test_an_empty_batch_goes_through() -> None:
     with torch.inference_mode():
         out = forward_batch_invariant(run, torch.zeros((0, d_in)))
     assert out.shape == (0, 384)
+
+
+def _near_ties(scifact_small: Any) -> tuple[Tensor, Tensor]:
+    """Real MiniLM rows (16 queries, then 4 rows near document 0), and keys: 300 real
+    documents, 40 tiny perturbations of document 0 (cosines to any row within ~1e-7 of
+    each other) and 8 exact copies of document 5."""
+    docs = torch.from_numpy(scifact_small.corpus["minilm"][:300].astype(np.float32))
+    queries = torch.from_numpy(scifact_small.queries["minilm"][:16].astype(np.float32))
+    g = torch.Generator().manual_seed(0)
+    near = docs[:1] + 0.02 * torch.randn(4, docs.shape[1], generator=g)
+    base = docs[:1].expand(40, -1) + 1e-7 * torch.randn(40, docs.shape[1], generator=g)
+    keys = torch.cat([docs, base, docs[5:6].expand(8, -1)])
+    return unit_rows(torch.cat([queries, near])), unit_rows(keys)
+
+
+def test_top_k_cosines_does_not_depend_on_the_first_scoring(scifact_small: Any) -> None:
+    """A float16 first scoring and a float32 one (different kernels, different roundings)
+    pick the same neighbours with the same bits, also among near-ties and duplicates."""
+    x, keys = _near_ties(scifact_small)
+    exact = (x.double() @ keys.double().T).sort(dim=1, descending=True).values
+    assert float((exact[-4:, 9] - exact[-4:, 10]).max()) < 1e-6  # near-ties at the 10th
+    for k in (1, 10, 45):
+        single = top_k_cosines(x, keys, k)
+        half = top_k_cosines(x, keys, k, half=keys.half())
+        assert torch.equal(single[0], half[0]) and torch.equal(single[1], half[1]), k
+        alone = [top_k_cosines(x[i : i + 1], keys, k, half=keys.half()) for i in range(len(x))]
+        assert torch.equal(torch.cat([a[0] for a in alone]), single[0])
+        assert torch.equal(torch.cat([a[1] for a in alone]), single[1])
+
+
+def test_top_k_cosines_is_the_exact_ranking(scifact_small: Any) -> None:
+    x, keys = _near_ties(scifact_small)
+    cosines, index = top_k_cosines(x, keys, 10, half=keys.half())
+    exact = x.double() @ keys.double().T
+    assert torch.all(cosines[:, :-1] >= cosines[:, 1:])
+    torch.testing.assert_close(cosines.double(), exact.gather(1, index), rtol=0, atol=1e-6)
+    # nothing left out scores above the 10th by more than rounding
+    rest = exact.scatter(1, index, -2.0)
+    assert bool((rest.max(dim=1).values <= cosines[:, -1].double() + 1e-6).all())
+    # duplicate keys: equal cosines, the lower index first
+    dup = torch.arange(340, 348)
+    both = top_k_cosines(keys[dup], keys, 8)
+    assert torch.equal(both[1], torch.tensor([5, 340, 341, 342, 343, 344, 345, 346]).expand(8, 8))
+
+
+def test_top_k_cosines_of_a_zero_row_is_the_first_keys(scifact_small: Any) -> None:
+    x, keys = _near_ties(scifact_small)
+    rows = torch.cat([x[:2], torch.zeros(1, x.shape[1]), x[2:3]])
+    cosines, index = top_k_cosines(rows, keys, 4, half=keys.half())
+    assert torch.equal(cosines[2], torch.zeros(4)) and torch.equal(index[2], torch.arange(4))
+    alone = top_k_cosines(x[2:3], keys, 4)
+    assert torch.equal(cosines[3:], alone[0]) and torch.equal(index[3:], alone[1])
+
+
+def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
+    g = torch.Generator().manual_seed(1)
+    p = torch.randn(64, 9, 385, generator=g)
+    whole = fixed_order_sum(p)
+    torch.testing.assert_close(whole.double(), p.double().sum(-1), rtol=0, atol=1e-4)
+    assert torch.equal(fixed_order_sum(p[3:4, 2:3]), whole[3:4, 2:3])
+    transposed = p.transpose(0, 1).contiguous().transpose(0, 1)  # other strides
+    assert torch.equal(fixed_order_sum(transposed), whole)
+
+
+def test_the_half_keys_follow_the_keys(scifact_small: Any) -> None:
+    """The float16 copy of a local stitch's keys is made again when the keys change."""
+    stitch = load_stitch(MODELS / "minilm-to-mpnet").domain
+    x = _rows(scifact_small, 384)[:8]
+    with torch.inference_mode():
+        before = stitch._neighbours(x - stitch.source_mean)[1]
+    with torch.no_grad():
+        stitch.keys.copy_(stitch.keys.flip(0))  # the same keys, in reverse order
+    with torch.inference_mode():
+        after = stitch._neighbours(x - stitch.source_mean)[1]
+    assert torch.equal(after, stitch.memory - 1 - before)
+
+
+def test_no_float16_first_scoring_where_torch_may_accumulate_in_float16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first scoring's margin assumes float32 accumulation. torch accumulates float16
+    products in float16 only when a user opts in (refused on CPUs without float16
+    arithmetic, like this one), so the opted-in state is stood in for by its getter."""
+    keys = unit_rows(torch.randn(50, 16, generator=torch.Generator().manual_seed(2)))
+    half = half_keys(keys)
+    assert half is not None and half.dtype == torch.float16
+    getter = "_get_cpu_allow_fp16_reduced_precision_reduction"
+    monkeypatch.setattr(torch._C, getter, lambda: True)
+    assert half_keys(keys) is None
+    monkeypatch.delattr(torch._C, getter)  # a torch without the switch: no float16 either
+    assert half_keys(keys) is None

@@ -181,6 +181,7 @@ def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
     assert torch.equal(fixed_order_sum(p[3:4, 2:3]), whole[3:4, 2:3])
     transposed = p.transpose(0, 1).contiguous().transpose(0, 1)  # other strides
     assert torch.equal(fixed_order_sum(transposed), whole)
+    assert torch.equal(fixed_order_sum(p.clone(), overwrite=True), whole)  # in place
 
 
 def test_the_half_keys_follow_the_keys(scifact_small: Any) -> None:

@@ -218,11 +218,7 @@ def top_k_cosines(
     """
     n, d = x.shape
     m = keys.shape[0]
-    cosines = x.new_zeros((n, k))
-    index = torch.arange(k, device=x.device).expand(n, k).clone()
     rows = x.ne(0).any(dim=1).nonzero().flatten()
-    if len(rows) == 0:
-        return cosines, index
     xs = x if len(rows) == n else x[rows]
     # float16 for one row only: torch's float16 matrix-vector product is fast on the CPU,
     # its matrix-matrix one (without float16 hardware) several times slower than float32's
@@ -231,19 +227,25 @@ def top_k_cosines(
     margin = 2 * (_first_scoring_error(d, half is not None) + _first_scoring_error(d, False))
     take = min(m, k + _SPARE)
     pending = torch.arange(len(rows), device=x.device)
+    found: list[tuple[Tensor, Tensor, Tensor]] = []
     while len(pending):
         # each row takes more candidates until its last one falls below the margin: how
         # many depends on the row alone, and any superset gives the same answer
-        rest = scores if len(pending) == len(rows) else scores[pending]
-        first, candidates = rest.topk(take, dim=1)
+        every = len(pending) == len(rows)
+        first, candidates = (scores if every else scores[pending]).topk(take, dim=1)
         done = first[:, -1].float() < first[:, k - 1].float() - margin
-        if take == m:
-            done[:] = True
-        finished = pending[done]
-        if len(finished):
-            top, near = _rescored(xs[finished], keys, candidates[done], k)
-            cosines[rows[finished]], index[rows[finished]] = top, near
+        if take == m or bool(done.all()):
+            found.append((pending, *_rescored(xs if every else xs[pending], keys, candidates, k)))
+            break
+        if bool(done.any()):
+            found.append((pending[done], *_rescored(xs[pending[done]], keys, candidates[done], k)))
         pending, take = pending[~done], min(m, 2 * take)
+    if len(found) == 1 and len(rows) == n:  # the usual case: every row at the first try
+        return found[0][1], found[0][2]
+    cosines = x.new_zeros((n, k))
+    index = torch.arange(k, device=x.device).expand(n, k).clone()
+    for at, top, near in found:
+        cosines[rows[at]], index[rows[at]] = top, near
     return cosines, index
 
 

@@ -560,12 +560,11 @@ class LocalStitch(Stitch):
         weights = torch.exp((top - shift) * inverse_t)
         sink = torch.exp((self.sink - shift) * inverse_t)
         weights = weights / (fixed_order_sum(weights).unsqueeze(1) + sink)
-        # the weighted sum over the neighbours in a fixed order, row by row (elementwise)
+        # the weighted sum over the neighbours, added in a fixed order (a fresh copy)
         values = self.values.float()
-        correction = weights[:, :1] * values[index[:, 0]]
-        for j in range(1, self.k):
-            correction = correction + weights[:, j : j + 1] * values[index[:, j]]
-        return correction, top[:, 0]
+        neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)
+        weighted = neighbours.mul_(weights.unsqueeze(2)).transpose(1, 2)  # (n, d_tgt, k)
+        return fixed_order_sum(weighted, overwrite=True), top[:, 0]
 
 
 class GatedStitch(Stitch):

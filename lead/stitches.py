@@ -548,6 +548,11 @@ class LocalStitch(Stitch):
         memory rows, the same bits whatever the batch
         (:func:`lead.batch_invariance.top_k_cosines`)."""
         x = unit_rows(x_centred.float() + self.source_mean.float())
+        if x.device.type != "cpu":
+            # a GPU runs fixed tiles (lead.batch_invariance), and an exact search would read
+            # back how many candidates each row needs: one synchronisation per forward more
+            top, index = (x @ self.keys.float().T).topk(self.k, dim=1)
+            return top, index
         return top_k_cosines(x, self.keys.float(), self.k, half=self._half_keys())
 
     def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
@@ -722,9 +727,10 @@ class GatedStitch(Stitch):
             mapped = mapped * domain.output_scale
         y_domain = mapped + domain.target_mean
         a = self.gate(nearest).to(y_domain.dtype)
-        # the MLP only for the rows it has a share of (its normalize_output is off: the full
-        # vector); a row the local stitch answers alone blends with zeros
-        general = (a < 1).nonzero().flatten()
+        # on the CPU the MLP only for the rows it has a share of (its normalize_output is
+        # off: the full vector), a row the local stitch answers alone blending with zeros; on
+        # a GPU for all (finding the rows would read them back: a synchronisation)
+        general = (a < 1).nonzero().flatten() if a.device.type == "cpu" else a
         if len(general) == len(a):
             y_general = forward_batch_invariant(self.general, x)
         else:

@@ -233,6 +233,10 @@ def save_stitch(
     return folder
 
 
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON (write the value as null or a finite number)")
+
+
 def read_stitch_config(folder: str | Path) -> dict[str, Any]:
     """Read and check a stitch folder's ``config.json``.
 
@@ -252,7 +256,8 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
     StitchNotFoundError
         If ``folder`` is not a directory.
     StitchFormatError
-        If ``config.json`` is missing, not JSON, or fails the checks.
+        If ``config.json`` is missing, not strict JSON (``NaN``, ``Infinity``), or fails
+        the checks.
     UnknownArchitectureError
         If ``architecture`` is not in :data:`lead.stitches.STITCH_REGISTRY`.
     """
@@ -260,7 +265,10 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise StitchNotFoundError(f"no stitch folder at {folder}", param="stitch")
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        # strict JSON: Python's json reads NaN and Infinity, which no other reader (nor
+        # save_stitch, which writes strict JSON) takes
+        text = (folder / CONFIG_FILE).read_text(encoding="utf-8")
+        config = json.loads(text, parse_constant=_not_json)
     except FileNotFoundError:
         raise StitchFormatError(f"{folder} has no {CONFIG_FILE}", param="stitch") from None
     except (OSError, ValueError) as error:

@@ -66,8 +66,10 @@ from lead._confidence_head import (
     check_head,
     head_from_config,
 )
+from lead._validation import check_column_spread
 from lead.batch_invariance import forward_batch_invariant
 from lead.errors import (
+    IllConditionedError,
     InvalidInputError,
     NoConfidenceError,
     NonFiniteOutputError,
@@ -324,6 +326,9 @@ def fit_confidence(
     TooFewPairsError
         Fewer than :data:`MIN_HELD_OUT_ROWS` held-out rows (or general rows, when given),
         or fewer training rows than ``rank + 2``.
+    IllConditionedError
+        Training rows that do not vary (or as :func:`lead._validation.check_column_spread`),
+        or held-out rows that the stitch all translates equally well.
     ShapeMismatchError
         If the shapes do not match the stitch or each other.
     """
@@ -340,6 +345,7 @@ def fit_confidence(
     problem = head_rows_problem(len(Xt), in_domain, stitch.d_src, rank)
     if problem is not None:
         raise problem
+    check_column_spread(torch.from_numpy(Xt), name="X_train")  # e.g. all rows the same
     if (X_general is None) != (Y_general is None):
         raise InvalidInputError("give both X_general and Y_general, or neither", param="X_general")
     if X_general is not None:
@@ -375,6 +381,12 @@ def fit_confidence(
     first = _design(fh, Xh - basis.mu, scale) @ stage1[0] + stage1[1]
     A = np.concatenate([first[:, None], (fh - scale[0]) / scale[1], Xh - basis.mu], axis=1)
     truth = _cosines(Ph, Yh)
+    if float(np.ptp(truth)) == 0:
+        raise IllConditionedError(
+            "the stitch translates every held-out row equally well (the same true cosine): "
+            "nothing to rank or calibrate a confidence on; hold out rows that differ",
+            param="X_held",
+        )
     folds = np.array_split(rng.permutation(len(A)), _FOLDS)
     generic = _out_of_fold(A, truth, folds, N_FEATURES + 1)
     coef2, intercept2 = _predictor(A, truth, features=N_FEATURES + 1)

@@ -21,7 +21,13 @@ from lead.confidence import (
     fit_confidence,
     translate_with_confidence,
 )
-from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError, TooFewPairsError
+from lead.errors import (
+    IllConditionedError,
+    InvalidInputError,
+    ShapeMismatchError,
+    StitchFormatError,
+    TooFewPairsError,
+)
 from lead.fitting import fit_stitch
 from lead.metrics import spearman_score
 from lead.migrate.translator import LocalTranslator
@@ -219,6 +225,7 @@ def _set(key: str, value: Any) -> Any:
             "must map tensor names to shapes",
         ),
         (_set("report", [1]), None, "confidence.report must be an object"),
+        (_set("report", {"in_domain_spearman_score": float("nan")}), None, "NaN is not JSON"),
         (lambda c: c.__setitem__("confidence", "yes"), None, "must be an object"),
         (None, lambda t: t.pop("confidence.bias"), "tensor 'confidence.bias' is missing"),
         (
@@ -303,6 +310,22 @@ def test_too_few_held_out_rows(pairs: dict[str, np.ndarray]) -> None:
     assert stitch.confidence_head is None
     with pytest.raises(ShapeMismatchError):
         fit_confidence(stitch, pairs["Xt"], pairs["Yt"], pairs["Xh"], pairs["Yh"][:, :5])
+
+
+def test_rows_that_do_not_vary_are_refused(pairs: dict[str, np.ndarray]) -> None:
+    """Training rows all the same vector, or held-out rows all translated equally well:
+    a clear error, not numpy's LinAlgError or a NaN in the report."""
+    stitch = fit_stitch(pairs["Xt"], pairs["Yt"], "ridge")
+    same = np.repeat(pairs["Xt"][:1], len(pairs["Xt"]), axis=0)
+    with pytest.raises(IllConditionedError, match="do not vary") as error:
+        fit_confidence(stitch, same, pairs["Yt"], pairs["Xh"], pairs["Yh"])
+    assert error.value.param == "X_train"
+    held_x = np.repeat(pairs["Xh"][:1], len(pairs["Xh"]), axis=0)
+    held_y = np.repeat(pairs["Yh"][:1], len(pairs["Yh"]), axis=0)
+    with pytest.raises(IllConditionedError, match="equally well") as error:
+        fit_confidence(stitch, pairs["Xt"], pairs["Yt"], held_x, held_y)
+    assert error.value.param == "X_held"
+    assert stitch.confidence_head is None
 
 
 def test_general_rows_are_reported_apart_and_checked(pairs: dict[str, np.ndarray]) -> None:

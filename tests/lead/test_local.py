@@ -128,9 +128,15 @@ def test_a_stitch_file_with_bad_local_settings_is_refused(
     info = StitchInfo(source_model="a", target_model="b")
     save_stitch(fit_stitch(X, Y, "local", info=info, k=5), tmp_path / "s")
     config = json.loads((tmp_path / "s" / "config.json").read_text())
-    for key, value in (("k", 2.5), ("sink", float("inf")), ("temperature", 1e-300)):
+    build = "cannot build a local stitch"
+    for key, value, message in (
+        ("k", 2.5, build),
+        ("sink", float("inf"), "Infinity is not JSON"),  # json.dumps writes Infinity
+        ("sink", 1e300, build),
+        ("temperature", 1e-300, build),
+    ):
         (tmp_path / "s" / "config.json").write_text(json.dumps({**config, key: value}))
-        with pytest.raises(StitchFormatError, match="cannot build a local stitch"):
+        with pytest.raises(StitchFormatError, match=message):
             load_stitch(tmp_path / "s")
 
 

@@ -68,6 +68,11 @@ _FLOAT16_TINY = 2.0**-25
 _NORMS = 1.03
 #: Candidates beyond ``k`` that :func:`top_k_cosines` takes from the first scoring.
 _SPARE = 2
+#: A row that needs more candidates than this (many keys tied within the margin: vectors
+#: orthogonal to the whole memory, near-duplicate keys) is scored again against every key.
+_MAX_CANDIDATES = 256
+#: The most float32 products one rescoring step holds (32 MiB): rows are rescored in blocks.
+_RESCORE_FLOATS = 1 << 23
 
 
 def _padded(x: Tensor, rows: int) -> Tensor:
@@ -240,6 +245,9 @@ def top_k_cosines(
         if bool(done.any()):
             found.append((pending[done], *_rescored(xs[pending[done]], keys, candidates[done], k)))
         pending, take = pending[~done], min(m, 2 * take)
+        if len(pending) and _MAX_CANDIDATES < take < m:  # every key is a candidate
+            found.append((pending, *_rescored(xs[pending], keys, None, k)))
+            break
     if len(found) == 1 and len(rows) == n:  # the usual case: every row at the first try
         return found[0][1], found[0][2]
     cosines = x.new_zeros((n, k))
@@ -249,11 +257,28 @@ def top_k_cosines(
     return cosines, index
 
 
-def _rescored(x: Tensor, keys: Tensor, candidates: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _rescored(x: Tensor, keys: Tensor, candidates: Tensor | None, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` highest :func:`fixed_order_sum` cosines of each row of ``x`` among its
-    candidate keys, ties to the lower key index."""
-    candidates = candidates.sort(dim=1).values  # key order: a stable sort keeps it for ties
-    chosen = keys.index_select(0, candidates.flatten()).view(*candidates.shape, x.shape[1])
-    exact = fixed_order_sum(chosen.mul_(x.unsqueeze(1)), overwrite=True)  # a fresh copy
-    order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
-    return exact.gather(1, order), candidates.gather(1, order)
+    candidate keys (all keys when None), ties to the lower key index; in blocks of rows
+    that hold at most :data:`_RESCORE_FLOATS` products."""
+    m, d = keys.shape
+    if candidates is not None:  # key order: the stable sort below keeps it for ties
+        candidates = candidates.sort(dim=1).values
+    width = m if candidates is None else candidates.shape[1]
+    block = max(1, _RESCORE_FLOATS // (width * d))
+    tops, nears = [], []
+    for i in range(0, len(x), block):
+        rows = x[i : i + block]
+        if candidates is None:
+            products = keys.unsqueeze(0) * rows.unsqueeze(1)
+        else:
+            near = candidates[i : i + block]
+            chosen = keys.index_select(0, near.flatten()).view(*near.shape, d)
+            products = chosen.mul_(rows.unsqueeze(1))  # a fresh copy
+        exact = fixed_order_sum(products, overwrite=True)
+        order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
+        tops.append(exact.gather(1, order))
+        nears.append(order if candidates is None else candidates[i : i + block].gather(1, order))
+    if len(tops) == 1:
+        return tops[0], nears[0]
+    return torch.cat(tops), torch.cat(nears)

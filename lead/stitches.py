@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 from torch import Tensor, nn
@@ -256,6 +256,26 @@ class Stitch(nn.Module):
         """
         if self.output_scale is not None and not bool((self.output_scale > 0).all()):
             raise InvalidInputError("output_scale must be positive", param="output_scale")
+
+    def freeze(self) -> Self:
+        """Declare the stitch's tensors final, as a server does: the stitch may then keep
+        what speeds up its forward (a local stitch: its memory keys in float16). The answers
+        are the same bits either way.
+
+        A later change of a tensor through torch (its in-place operations,
+        ``load_state_dict``, ``.to()``, a new parameter) is noticed and drops what was kept;
+        a write that bypasses torch's version counter (through ``.data`` or a NumPy view)
+        is not: call :meth:`freeze` again after one.
+
+        Returns
+        -------
+        Stitch
+            ``self``.
+        """
+        for child in self.children():
+            if isinstance(child, Stitch):
+                child.freeze()
+        return self
 
     def _map(self, x_centred: Tensor) -> Tensor:
         raise NotImplementedError
@@ -530,18 +550,28 @@ class LocalStitch(Stitch):
             return x_centred.new_zeros((0, self.k), dtype=torch.float32)
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    def _half_keys(self) -> Tensor | None:
-        """The keys in float16 for the search's first scoring
-        (:func:`lead.batch_invariance.half_keys`), made once per state of the keys (their
-        storage and version: a fit, a load or a move makes them again)."""
-        keys = self.keys
-        if keys.is_inference():  # no version counter to tell a change: not kept
-            return half_keys(keys)
-        stamp = (keys.data_ptr(), keys._version, keys.device, keys.dtype)
-        if self._half is None or self._half[0] != stamp:
+    def freeze(self) -> Self:
+        """:meth:`Stitch.freeze`: keeps the keys in float16 for a lone vector's first
+        scoring (:func:`lead.batch_invariance.half_keys`; half the bytes of the search)."""
+        super().freeze()
+        stamp = self._keys_stamp()
+        if stamp is not None:
             with torch.inference_mode(False), torch.no_grad():
-                self._half = (stamp, half_keys(keys))
-        return self._half[1]
+                self._half = (stamp, half_keys(self.keys))
+        return self
+
+    def _keys_stamp(self) -> tuple[object, ...] | None:
+        keys = self.keys
+        if keys.is_inference():  # no version counter to tell a change
+            return None
+        return (id(keys), keys.data_ptr(), keys._version, keys.shape, keys.stride(), keys.dtype)
+
+    def _half_keys(self) -> Tensor | None:
+        """The float16 keys kept by :meth:`freeze`, or None: not frozen, or the keys changed
+        since (then float32 until frozen again)."""
+        if self._half is not None and self._half[0] != self._keys_stamp():
+            self._half = None
+        return None if self._half is None else self._half[1]
 
     def _neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
         """The ``k`` highest cosines (sorted, largest first, ties to the lower row) and their

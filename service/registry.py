@@ -128,7 +128,7 @@ class StitchRegistry:
         NonFiniteOutputError
             If the stitch fails its test vector.
         """
-        stitch = serving_copy(stitch, self.device, self.dtype)
+        stitch = serving_copy(stitch, self.device, self.dtype).freeze()  # served as it is
         probe_stitch(stitch, self.device)
         with self._lock:
             self._sequence += 1

@@ -171,7 +171,7 @@ class LocalTranslator:
         device: str | None = None,
     ) -> None:
         folder = resolve_stitch_folder(name)
-        self.stitch = load_stitch(folder, device=_device(device))
+        self.stitch = load_stitch(folder, device=_device(device)).freeze()
         self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
         self.inverse, self.normalize = inverse, normalize
         self.ref = _ref(str(name), folder, self.stitch, inverse)

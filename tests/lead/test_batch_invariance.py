@@ -184,17 +184,41 @@ def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
     assert torch.equal(fixed_order_sum(p.clone(), overwrite=True), whole)  # in place
 
 
+def test_a_frozen_stitch_gives_the_same_bits(scifact_small: Any) -> None:
+    """freeze() keeps the keys in float16 for a lone vector's search; the answers do not
+    change."""
+    plain = load_stitch(MODELS / "minilm-to-mpnet")
+    frozen = load_stitch(MODELS / "minilm-to-mpnet").freeze()
+    assert plain.domain._half_keys() is None and frozen.domain._half_keys() is not None
+    x = _rows(scifact_small, 384)[:40]
+    with torch.inference_mode():
+        for i in range(0, 40, 3):
+            assert torch.equal(frozen(x[i : i + 1]), plain(x[i : i + 1]))
+
+
 def test_the_half_keys_follow_the_keys(scifact_small: Any) -> None:
-    """The float16 copy of a local stitch's keys is made again when the keys change."""
-    stitch = load_stitch(MODELS / "minilm-to-mpnet").domain
+    """A change of the keys through torch after freeze() drops the float16 copy (found by an
+    adversarial pass: a stale copy answered a lone vector from the old keys, and crashed
+    with IndexError when the memory shrank)."""
+    stitch = load_stitch(MODELS / "minilm-to-mpnet").domain.freeze()
     x = _rows(scifact_small, 384)[:8]
     with torch.inference_mode():
-        before = stitch._neighbours(x - stitch.source_mean)[1]
+        before = stitch._neighbours(x[:1] - stitch.source_mean)[1]
     with torch.no_grad():
         stitch.keys.copy_(stitch.keys.flip(0))  # the same keys, in reverse order
     with torch.inference_mode():
-        after = stitch._neighbours(x - stitch.source_mean)[1]
+        after = stitch._neighbours(x[:1] - stitch.source_mean)[1]
     assert torch.equal(after, stitch.memory - 1 - before)
+    assert stitch._half_keys() is None  # float32 until frozen again
+    stitch.freeze()
+    keep = 1000  # a smaller memory: a new parameter, the same storage
+    stitch.keys = torch.nn.Parameter(stitch.keys[:keep], requires_grad=False)
+    stitch.values = torch.nn.Parameter(stitch.values[:keep], requires_grad=False)
+    stitch.memory = keep
+    with torch.inference_mode():
+        alone = torch.cat([stitch._neighbours(x[i : i + 1])[1] for i in range(8)])
+        assert torch.equal(alone, stitch._neighbours(x)[1])
+        assert int(alone.max()) < keep
 
 
 def test_no_float16_first_scoring_where_torch_may_accumulate_in_float16(
@@ -211,3 +235,27 @@ def test_no_float16_first_scoring_where_torch_may_accumulate_in_float16(
     assert half_keys(keys) is None
     monkeypatch.delattr(torch._C, getter)  # a torch without the switch: no float16 either
     assert half_keys(keys) is None
+
+
+def test_rows_tied_with_the_whole_memory_are_rescored_against_every_key(
+    scifact_small: Any,
+) -> None:
+    """Inputs orthogonal to every key have all cosines within the rounding margin: they are
+    rescored against every key in bounded blocks (found by an adversarial pass: 256 such
+    rows took 2.2 s and 1.9 GB; 6 ms at fcb1353), with the same exact answer alone and in
+    a batch."""
+    real = np.concatenate([scifact_small.corpus["minilm"], scifact_small.queries["minilm"]])
+    real = unit_rows(torch.from_numpy(real.astype(np.float32)))  # 500 keys
+    g = torch.Generator().manual_seed(3)
+    basis = torch.linalg.qr(torch.randn(384, 8, generator=g)).Q
+    keys = unit_rows(real - (real @ basis) @ basis.T)  # nothing along the 8 directions
+    x = torch.cat([unit_rows(torch.randn(6, 8, generator=g) @ basis.T), real[:2]])
+    exact = fixed_order_sum(keys.unsqueeze(0) * x.unsqueeze(1))  # (8, 500), fixed order
+    assert float(exact[:6].abs().max()) < 1e-6  # every key tied within the margin
+    order = exact.sort(dim=1, descending=True, stable=True).indices[:, :10]
+    cosines, index = top_k_cosines(x, keys, 10)
+    assert torch.equal(index, order) and torch.equal(cosines, exact.gather(1, order))
+    for i in range(len(x)):
+        alone = top_k_cosines(x[i : i + 1], keys, 10, half=keys.half())
+        assert torch.equal(alone[0], cosines[i : i + 1])
+        assert torch.equal(alone[1], index[i : i + 1])

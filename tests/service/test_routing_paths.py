@@ -194,3 +194,22 @@ def test_the_reduced_precision_probe_scores_real_inputs(name: str) -> None:
     assert not bool(ood[64:].any())  # every real row is scored
     synthetic_only = _probe_batch(stitch.d_src, stitch.source_mean)
     assert synthetic_only.shape == (64, stitch.d_src)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_served_stitches_are_frozen(dtype: torch.dtype) -> None:
+    """The registry freezes what it serves, so a lone vector's memory search reads float16
+    keys (half the bytes); the answer is the same bits as an unfrozen stitch's."""
+    from service.registry import StitchRegistry
+
+    name = "minilm-to-mpnet"
+    registry = StitchRegistry(torch.device("cpu"), dtype)
+    served = registry.register(name, load_stitch(MODELS / name)).stitch
+    assert served.domain._half_keys() is not None
+    x = load_file(FIXTURES / "scifact_small.safetensors")["minilm_queries"][:3]
+    plain = load_stitch(MODELS / name).to(dtype=served.domain.keys.dtype).eval()
+    assert plain.domain._half_keys() is None
+    for row in x:
+        one = torch.from_numpy(row[None] / np.linalg.norm(row)).to(plain.domain.keys.dtype)
+        with torch.inference_mode():
+            assert torch.equal(served(one), plain(one))

@@ -194,7 +194,10 @@ def top_k_cosines(
     (Higham, 2002, section 3.1 [1]_), and the float16 scoring adds the rounding of its
     inputs and output; a margin of twice the two scorings' bounds keeps every key of the
     fixed-order ranking's top ``k`` (ties included) among the candidates, so the result
-    depends on neither the first scoring's kernel nor the batch.
+    depends on neither the first scoring's kernel nor the batch. A row tied with more than
+    :data:`_MAX_CANDIDATES` keys within the margin (a vector orthogonal to the whole memory,
+    near-duplicate keys) is scored against every key, in blocks of bounded memory: slower
+    (~2.7 ms per row for 5,000 keys of dimension 384), the same answer.
 
     Parameters
     ----------

@@ -140,15 +140,12 @@ def fixed_order_sum(p: Tensor, *, overwrite: bool = False) -> Tensor:
     while p.shape[-1] > 1:
         width = p.shape[-1]
         half = width // 2
-        if overwrite:  # the odd last column stays where it is, beside the sums
+        if overwrite:
             p[..., :half] += p[..., half : 2 * half]
-            p = (
-                torch.cat([p[..., :half], p[..., 2 * half :]], dim=-1)
-                if width % 2
-                else p[..., :half]
-            )
-            continue
-        summed = p[..., :half] + p[..., half : 2 * half]
+            summed = p[..., :half]
+        else:
+            summed = p[..., :half] + p[..., half : 2 * half]
+        # an odd last column joins the sums as it is
         p = torch.cat([summed, p[..., 2 * half :]], dim=-1) if width % 2 else summed
     return p[..., 0]
 

@@ -760,8 +760,8 @@ class GatedStitch(Stitch):
         # on the CPU the MLP only for the rows it has a share of (its normalize_output is
         # off: the full vector), a row the local stitch answers alone blending with zeros; on
         # a GPU for all (finding the rows would read them back: a synchronisation)
-        general = (a < 1).nonzero().flatten() if a.device.type == "cpu" else a
-        if len(general) == len(a):
+        general = (a < 1).nonzero().flatten() if a.device.type == "cpu" else None
+        if general is None or len(general) == len(a):
             y_general = forward_batch_invariant(self.general, x)
         else:
             y_general = torch.zeros_like(y_domain)

@@ -1,4 +1,5 @@
-"""Run a stitch over many rows for scoring (private): batched, no autograd, float64 out."""
+"""Run a stitch over many rows for scoring (private): batched, batch-invariant, no autograd,
+float64 out."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lead._validation import as_matrix
+from lead.batch_invariance import forward_batch_invariant
 from lead.errors import NonFiniteOutputError, ShapeMismatchError
 from lead.stitches import Stitch, oriented
 from lead.unit_input import normalize_input
@@ -63,7 +65,9 @@ def apply_stitch(
     Returns
     -------
     Tensor of shape (n, d_tgt), float64, on the stitch's device
-        (n, d_src) with ``inverse``.
+        (n, d_src) with ``inverse``. Each row has the same bits whatever ``batch_size`` and
+        the other rows of ``X`` (:func:`lead.batch_invariance.forward_batch_invariant`; the
+        bits the service and ``lead translate`` give).
 
     Raises
     ------
@@ -86,7 +90,7 @@ def apply_stitch(
     try:
         with torch.no_grad():
             parts = [
-                run(source[i : i + batch_size]).to(torch.float64)
+                forward_batch_invariant(run, source[i : i + batch_size]).to(torch.float64)
                 for i in range(0, source.shape[0], batch_size)
             ]
     finally:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lead import load_stitch
+from lead import apply_stitch, load_stitch
 from lead.batch_invariance import (
     ROW_INVARIANT,
     ROW_QUANTUM,
@@ -74,6 +74,27 @@ def test_rows_are_bit_identical_in_any_batch(
             for size in (7, ROW_QUANTUM + 1, 100):
                 parts = [forward_batch_invariant(run, x[i : i + size]) for i in range(0, 256, size)]
                 assert torch.equal(torch.cat(parts)[:256], alone), (threads, size)
+
+
+@pytest.mark.parametrize(
+    ("name", "inverse"),
+    [
+        ("minilm-to-pml3-invertible", False),
+        ("minilm-to-pml3-invertible", True),
+        ("minilm-to-mpnet", False),
+    ],
+)
+def test_apply_stitch_is_batch_invariant(name: str, inverse: bool, scifact_small: Any) -> None:
+    """The library's :func:`lead.apply_stitch` gives every row the bits of the padded
+    forward (the service's), whatever ``batch_size`` (a plain forward differs: above)."""
+    stitch = load_stitch(MODELS / name).eval()
+    run, d_in = _run(name, inverse)
+    x = _rows(scifact_small, d_in)[:300]
+    with torch.inference_mode():
+        reference = forward_batch_invariant(run, x).double()
+    for batch_size in (1, 7, 300):
+        out = apply_stitch(stitch, x.numpy(), batch_size=batch_size, inverse=inverse)
+        assert torch.equal(out, reference), batch_size
 
 
 def test_a_plain_forward_is_not_batch_invariant(scifact_small: Any) -> None:

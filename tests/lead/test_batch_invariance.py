@@ -15,13 +15,17 @@ import pytest
 import torch
 from torch import Tensor
 
-from lead import apply_stitch, load_stitch
+from lead import apply_stitch, batch_invariance, load_stitch
 from lead.batch_invariance import (
+    _INT8_CANDIDATES,
     ROW_INVARIANT,
     ROW_QUANTUM,
+    _int8_first,
+    _quantized,
     fixed_order_sum,
     forward_batch_invariant,
     half_keys,
+    quantized_keys,
     top_k_cosines,
 )
 from lead.stitches import oriented, unit_rows
@@ -170,6 +174,62 @@ def test_top_k_cosines_does_not_depend_on_the_first_scoring(scifact_small: Any) 
         assert torch.equal(torch.cat([a[1] for a in alone]), single[1])
 
 
+def test_an_int8_first_scoring_gives_the_same_answer(
+    scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An int8 first scoring (a margin ~20 times wider) picks the same neighbours with the
+    same bits as a float32 one, among near-ties and duplicates, alone and in a batch; and
+    so do rows with too many int8 candidates, which are scored again in float32."""
+    x, keys = _near_ties(scifact_small)
+    quantized = _quantized(keys)
+    for limit in (_INT8_CANDIDATES, 12):  # 12: most rows go on to the float32 scoring
+        monkeypatch.setattr(batch_invariance, "_INT8_CANDIDATES", limit)
+        for k in (1, 10, 45):
+            single = top_k_cosines(x, keys, k)
+            coarse = top_k_cosines(x, keys, k, quantized=quantized)
+            assert torch.equal(single[0], coarse[0]) and torch.equal(single[1], coarse[1])
+            for i in range(len(x)):
+                alone = top_k_cosines(x[i : i + 1], keys, k, half=keys.half(), quantized=quantized)
+                assert torch.equal(alone[0], single[0][i : i + 1]), (limit, k, i)
+                assert torch.equal(alone[1], single[1][i : i + 1]), (limit, k, i)
+
+
+def test_the_int8_margin_bounds_the_error(scifact_small: Any) -> None:
+    """Every int8 first score lies within half its row's margin of the exact cosine (the
+    margin's Cauchy-Schwarz bound, on real rows and keys, and on Gaussian rows)."""
+    real = _rows(scifact_small, 384)
+    keys, x = real[:600], real[600:]
+    gaussian = unit_rows(torch.randn(64, 384, generator=torch.Generator().manual_seed(4)))
+    quantized = _quantized(keys)
+    for rows in (x, gaussian):
+        scores, margin = _int8_first(rows, quantized)
+        error = (scores.double() - rows.double() @ keys.double().T).abs().max(dim=1).values
+        assert bool((error <= margin.double() / 2).all())
+        assert float(margin.max()) < 0.1  # a bound that still prunes
+
+
+def test_quantized_keys_only_for_a_memory_it_can_prune() -> None:
+    """The bundled MiniLM memory gets int8 keys; multilingual-e5-small's, whose cosines
+    crowd within a few hundredths, does not (hundreds of candidates a row)."""
+    minilm = load_stitch(MODELS / "minilm-to-mpnet").domain
+    e5 = load_stitch(MODELS / "e5-to-minilm").domain
+    if not batch_invariance._int8_products_exact():
+        pytest.skip("torch._int_mm is not exact on this CPU (no int8 first scoring)")
+    quantized = quantized_keys(minilm.keys, minilm.k)
+    assert quantized is not None and quantized.codes.dtype == torch.int8
+    assert int(quantized.codes.abs().max()) <= 127
+    assert quantized_keys(e5.keys, e5.k) is None
+
+
+def test_no_int8_first_scoring_without_exact_int8_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = unit_rows(torch.randn(50, 16, generator=torch.Generator().manual_seed(2)))
+    assert quantized_keys(keys.to("meta"), 5) is None  # off the CPU
+    monkeypatch.setattr(batch_invariance, "_int8_products_exact", lambda: False)
+    assert quantized_keys(keys, 5) is None
+
+
 def test_top_k_cosines_is_the_exact_ranking(scifact_small: Any) -> None:
     x, keys = _near_ties(scifact_small)
     cosines, index = top_k_cosines(x, keys, 10, half=keys.half())
@@ -206,15 +266,18 @@ def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
 
 
 def test_a_frozen_stitch_gives_the_same_bits(scifact_small: Any) -> None:
-    """freeze() keeps the keys in float16 for a lone vector's search; the answers do not
-    change."""
+    """freeze() keeps the keys in float16 for a lone vector's search and in int8 for every
+    search; the answers do not change."""
     plain = load_stitch(MODELS / "minilm-to-mpnet")
     frozen = load_stitch(MODELS / "minilm-to-mpnet").freeze()
-    assert plain.domain._half_keys() is None and frozen.domain._half_keys() is not None
-    x = _rows(scifact_small, 384)[:40]
+    assert (
+        plain.domain._frozen_keys() == (None, None) and frozen.domain._frozen_keys()[0] is not None
+    )
+    x = _rows(scifact_small, 384)
     with torch.inference_mode():
         for i in range(0, 40, 3):
             assert torch.equal(frozen(x[i : i + 1]), plain(x[i : i + 1]))
+        assert torch.equal(frozen(x), plain(x))  # 1,024 rows: the int8 first scoring
 
 
 def test_the_half_keys_follow_the_keys(scifact_small: Any) -> None:
@@ -230,7 +293,7 @@ def test_the_half_keys_follow_the_keys(scifact_small: Any) -> None:
     with torch.inference_mode():
         after = stitch._neighbours(x[:1] - stitch.source_mean)[1]
     assert torch.equal(after, stitch.memory - 1 - before)
-    assert stitch._half_keys() is None  # float32 until frozen again
+    assert stitch._frozen_keys() == (None, None)  # float32 until frozen again
     stitch.freeze()
     keep = 1000  # a smaller memory: a new parameter, the same storage
     stitch.keys = torch.nn.Parameter(stitch.keys[:keep], requires_grad=False)
@@ -276,7 +339,9 @@ def test_rows_tied_with_the_whole_memory_are_rescored_against_every_key(
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :10]
     cosines, index = top_k_cosines(x, keys, 10)
     assert torch.equal(index, order) and torch.equal(cosines, exact.gather(1, order))
+    quantized = _quantized(keys)
+    assert torch.equal(top_k_cosines(x, keys, 10, quantized=quantized)[1], index)
     for i in range(len(x)):
-        alone = top_k_cosines(x[i : i + 1], keys, 10, half=keys.half())
+        alone = top_k_cosines(x[i : i + 1], keys, 10, half=keys.half(), quantized=quantized)
         assert torch.equal(alone[0], cosines[i : i + 1])
         assert torch.equal(alone[1], index[i : i + 1])

@@ -76,6 +76,11 @@ _MAX_CANDIDATES = 256
 #: The most float32 products one rescoring step holds (4 MiB): rescored in blocks, which
 #: the allocator reuses (larger ones come fresh from the system, page faults included).
 _RESCORE_FLOATS = 1 << 20
+#: Candidates beyond ``k`` that :func:`top_k_cosines` first takes from a float scoring.
+_SPARE = 2
+#: Candidates it first takes from the int8 scoring (real queries need ~20 of a
+#: 5,000-key memory).
+_INT8_TAKE = 24
 #: The largest magnitude of an int8 code (symmetric: -128 is never used).
 _INT8_LEVELS = 127
 #: A row that needs more candidates than this from the int8 scoring (its margin is ~20
@@ -261,15 +266,19 @@ def quantized_keys(keys: Tensor, k: int) -> QuantizedKeys | None:
     -------
     QuantizedKeys or None
     """
-    if keys.device.type != "cpu" or not _int8_products_exact():
-        return None
+    d = keys.shape[1]
+    if keys.device.type != "cpu" or d * _INT8_LEVELS**2 >= 2**31 or not _int8_products_exact():
+        return None  # (int32 sums of d products of codes must not overflow)
     with torch.no_grad():
         exact = keys.detach().float()
         if bool((exact.abs().amax(dim=1) == 0).any()):
             return None
         quantized = _quantized(exact)
         sample = exact[:: max(1, len(exact) // 256)]
-        scores, margin = _int8_first(sample, quantized)
+        try:
+            scores, margin = _int8_first(sample, quantized)
+        except RuntimeError:  # torch._int_mm refuses these shapes on this build
+            return None
         kth = scores.topk(min(k, len(exact)), dim=1).values[:, -1]
         needed = (scores >= (kth - margin).unsqueeze(1)).sum(dim=1).float()
     if float(needed.quantile(0.9)) > _INT8_CANDIDATES:
@@ -404,10 +413,23 @@ def _search(
 
     ``first`` is ``(rows, scores, margin)``: positions in ``xs`` (ascending), their first
     scores against every key (one row each) and their margins (one each, or a scalar).
+    Most rows need few candidates: the ``take`` highest first scores hold them all when
+    the last of them is below the margin; the other rows take every key above it.
     """
     rows, scores, margin = first
-    kth = scores.topk(k, dim=1).values[:, -1].float()
-    row, key = (scores >= (kth - margin).unsqueeze(1)).nonzero(as_tuple=True)
+    m = scores.shape[1]
+    take = min(m, k + _SPARE if margin.ndim == 0 else max(k + _SPARE, _INT8_TAKE))
+    top, candidates = scores.topk(take, dim=1)
+    below = top[:, k - 1].float() - margin
+    few = top[:, -1].float() < below
+    if take == m or bool(few.all()):
+        found.append((rows, *_rescored(_at(xs, rows), keys, candidates, k)))
+        return rows[:0]
+    if bool(few.any()):
+        found.append((rows[few], *_rescored(_at(xs, rows[few]), keys, candidates[few], k)))
+    many = ~few
+    rows, below = rows[many], below[many]
+    row, key = (scores[many] >= below.unsqueeze(1)).nonzero(as_tuple=True)
     counts = torch.bincount(row, minlength=len(rows))
     crowded = counts > limit
     left = rows[:0]
@@ -421,33 +443,49 @@ def _search(
             found.append((left, *_rescored_all(xs[left], keys, k)))
             left = left[:0]
     if len(rows):
-        near = xs if len(rows) == len(xs) else xs[rows]
-        found.append((rows, *_rescored(near, keys, (row, key), counts, k)))
+        found.append((rows, *_rescored_pairs(_at(xs, rows), keys, (row, key), counts, k)))
     return left
 
 
-def _rescored(
+def _at(xs: Tensor, rows: Tensor) -> Tensor:
+    """``xs[rows]`` for ascending ``rows`` (``xs`` itself when they are all of them)."""
+    return xs if len(rows) == len(xs) else xs[rows]
+
+
+def _rescored(x: Tensor, keys: Tensor, candidates: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` highest :func:`fixed_order_sum` cosines of each row of ``x`` among its
+    candidate keys (one row of them each), ties to the lower key index; in blocks of rows
+    that hold at most :data:`_RESCORE_FLOATS` products."""
+    d = keys.shape[1]
+    candidates = candidates.sort(dim=1).values  # key order: the stable sort keeps it for ties
+    block = max(1, _RESCORE_FLOATS // (candidates.shape[1] * d))
+    tops, nears = [], []
+    for i in range(0, len(x), block):
+        near = candidates[i : i + block]
+        chosen = keys.index_select(0, near.flatten()).view(*near.shape, d)
+        exact = fixed_order_sum(chosen.mul_(x[i : i + block].unsqueeze(1)), overwrite=True)
+        order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
+        tops.append(exact.gather(1, order))
+        nears.append(near.gather(1, order))
+    if len(tops) == 1:
+        return tops[0], nears[0]
+    return torch.cat(tops), torch.cat(nears)
+
+
+def _rescored_pairs(
     x: Tensor, keys: Tensor, pairs: tuple[Tensor, Tensor], counts: Tensor, k: int
 ) -> tuple[Tensor, Tensor]:
-    """The ``k`` highest :func:`fixed_order_sum` cosines of each row of ``x`` among its
-    candidate keys, ties to the lower key index.
-
-    ``pairs`` is ``(row, key)`` for every candidate, by row then key (as ``nonzero``
-    gives them), and ``counts`` the candidates of each row; products are formed in blocks
-    of at most :data:`_RESCORE_FLOATS`.
-    """
+    """:func:`_rescored` for candidates given as ``(row, key)`` pairs, by row then key (as
+    ``nonzero`` gives them), ``counts`` of them for each row; products in blocks of at
+    most :data:`_RESCORE_FLOATS`."""
     row, key = pairs
-    d = keys.shape[1]
-    block = max(1, _RESCORE_FLOATS // d)
+    block = max(1, _RESCORE_FLOATS // keys.shape[1])
     parts = []
     for i in range(0, len(key), block):
         chosen = keys.index_select(0, key[i : i + block])  # a fresh copy
-        products = chosen.mul_(x if len(x) == 1 else x.index_select(0, row[i : i + block]))
+        products = chosen.mul_(x.index_select(0, row[i : i + block]))
         parts.append(fixed_order_sum(products, overwrite=True))
     exact = parts[0] if len(parts) == 1 else torch.cat(parts)
-    if len(x) == 1:
-        order = exact.sort(descending=True, stable=True).indices[:k]
-        return exact[order].unsqueeze(0), key[order].unsqueeze(0)
     # one row of candidates each (padded), in key order: the stable sort keeps it for ties
     position = torch.arange(len(key), device=key.device) - (counts.cumsum(0) - counts)[row]
     dense = exact.new_full((len(x), int(counts.max())), -torch.inf)

@@ -134,19 +134,18 @@ def forward_batch_invariant(run: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
     return out if rows == n else out[:n]
 
 
-def fixed_order_sum(p: Tensor, *, overwrite: bool = False) -> Tensor:
+def fixed_order_sum(p: Tensor) -> Tensor:
     """The sum over the last dimension, added in an order fixed by that dimension's length.
 
     Pairwise halving with elementwise additions, so every output is bit-identical whatever
     the other dimensions, the memory layout and the thread count (a reduction kernel may
-    pick its order by the shape).
+    pick its order by the shape). Each halving writes a fresh contiguous tensor: adding in
+    place into ``p``'s own halves (strided views) measured 1.5 to 6 times slower.
 
     Parameters
     ----------
     p : Tensor of shape (..., m)
         Any floating dtype, ``m >= 1``.
-    overwrite : bool, default False
-        Add in place into ``p`` (no allocation; ``p`` is left holding partial sums).
 
     Returns
     -------
@@ -155,11 +154,7 @@ def fixed_order_sum(p: Tensor, *, overwrite: bool = False) -> Tensor:
     while p.shape[-1] > 1:
         width = p.shape[-1]
         half = width // 2
-        if overwrite:
-            p[..., :half] += p[..., half : 2 * half]
-            summed = p[..., :half]
-        else:
-            summed = p[..., :half] + p[..., half : 2 * half]
+        summed = p[..., :half] + p[..., half : 2 * half]
         # an odd last column joins the sums as it is
         p = torch.cat([summed, p[..., 2 * half :]], dim=-1) if width % 2 else summed
     return p[..., 0]
@@ -463,7 +458,7 @@ def _rescored(x: Tensor, keys: Tensor, candidates: Tensor, k: int) -> tuple[Tens
     for i in range(0, len(x), block):
         near = candidates[i : i + block]
         chosen = keys.index_select(0, near.flatten()).view(*near.shape, d)
-        exact = fixed_order_sum(chosen.mul_(x[i : i + block].unsqueeze(1)), overwrite=True)
+        exact = fixed_order_sum(chosen.mul_(x[i : i + block].unsqueeze(1)))
         order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
         tops.append(exact.gather(1, order))
         nears.append(near.gather(1, order))
@@ -484,7 +479,7 @@ def _rescored_pairs(
     for i in range(0, len(key), block):
         chosen = keys.index_select(0, key[i : i + block])  # a fresh copy
         products = chosen.mul_(x.index_select(0, row[i : i + block]))
-        parts.append(fixed_order_sum(products, overwrite=True))
+        parts.append(fixed_order_sum(products))
     exact = parts[0] if len(parts) == 1 else torch.cat(parts)
     # one row of candidates each (padded), in key order: the stable sort keeps it for ties
     position = torch.arange(len(key), device=key.device) - (counts.cumsum(0) - counts)[row]
@@ -505,7 +500,7 @@ def _rescored_all(x: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     tops, nears = [], []
     for i in range(0, len(x), block):
         products = keys.unsqueeze(0) * x[i : i + block].unsqueeze(1)
-        exact = fixed_order_sum(products, overwrite=True)
+        exact = fixed_order_sum(products)
         order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
         tops.append(exact.gather(1, order))
         nears.append(order)

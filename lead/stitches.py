@@ -604,7 +604,7 @@ class LocalStitch(Stitch):
         values = self.values.float()
         neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)
         weighted = neighbours.mul_(weights.unsqueeze(2)).transpose(1, 2)  # (n, d_tgt, k)
-        return fixed_order_sum(weighted, overwrite=True), top[:, 0]
+        return fixed_order_sum(weighted), top[:, 0]
 
 
 class GatedStitch(Stitch):

@@ -262,7 +262,9 @@ def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
     assert torch.equal(fixed_order_sum(p[3:4, 2:3]), whole[3:4, 2:3])
     transposed = p.transpose(0, 1).contiguous().transpose(0, 1)  # other strides
     assert torch.equal(fixed_order_sum(transposed), whole)
-    assert torch.equal(fixed_order_sum(p.clone(), overwrite=True), whole)  # in place
+    part = p[:, :, :200]  # a strided view
+    assert torch.equal(fixed_order_sum(part), fixed_order_sum(part.contiguous()))
+    assert torch.equal(fixed_order_sum(part.transpose(0, 1)).transpose(0, 1), fixed_order_sum(part))
 
 
 def test_a_frozen_stitch_gives_the_same_bits(scifact_small: Any) -> None:

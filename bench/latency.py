@@ -15,7 +15,8 @@ ratios hold on a shared, noisy machine. Each round, against a fresh uvicorn proc
   test query (``--vector gaussian``: an out-of-distribution one instead): p50 / p99
   and requests/s, with a lean keep-alive socket client (what a compiled client adds:
   microseconds) and with ``httpx.Client`` (what a Python client adds: ~0.3-0.4 ms per
-  call);
+  call); for the socket client also the server process's CPU time per request (from
+  ``/proc``), which moves less than latency when other work shares the machine;
 * **64 concurrent clients** (one asyncio process, a keep-alive connection each, each
   sending its next request when the previous answered): total requests/s, p50 / p99, the
   statuses (429s counted: the default admission limits apply), and the ratio of their
@@ -46,6 +47,7 @@ from safetensors.numpy import load_file
 
 from bench.common import QUICK_RESULTS, log, use_results_dir, write_result
 from bench.data import REPO
+from bench.server import cpu_seconds
 
 STITCH = "minilm-to-mpnet"
 WARMUP = 200
@@ -213,7 +215,11 @@ def measure(
     with tempfile.TemporaryDirectory() as data_dir:
         proc, port = _serve(root, Path(data_dir), stitch_dir)
         try:
+            cpu = cpu_seconds(proc.pid)
             socket_one, answer = one_client_socket(port, request, n)
+            # the server's CPU per request: steadier than latency on a shared machine
+            cpu = cpu_seconds(proc.pid) - cpu
+            socket_one["server_cpu_ms_per_request"] = 1000 * cpu / (WARMUP + n)
             httpx_one = one_client_httpx(port, body, n)
             many = asyncio.run(concurrent_clients(port, request, clients, seconds))
         finally:

@@ -23,6 +23,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc), else 0."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class BenchServer:
     """``uvicorn service.app:create_app --factory`` serving ``stitches`` on 127.0.0.1.
 
@@ -94,11 +103,7 @@ class BenchServer:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (Linux /proc), else 0."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return 0.0
+        return cpu_seconds(self.pid)
 
     def __exit__(
         self,

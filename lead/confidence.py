@@ -637,8 +637,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
         )
     with torch.inference_mode():
         source = stitch_input(stitch, x, param="x")
-        y = forward_batch_invariant(stitch, source)
+        y, confidence, ood = stitch.forward_scored(source)
         if not bool(torch.isfinite(y).all()):
             raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
-        confidence, ood = stitch.score_confidence(source, y)
     return y.float().cpu(), confidence.cpu(), ood.cpu()

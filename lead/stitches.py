@@ -153,7 +153,9 @@ class Stitch(nn.Module):
         if head is not None:
             self.add_module(self.CONFIDENCE, head)
 
-    def score_confidence(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def score_confidence(
+        self, x: Tensor, y: Tensor, *, features: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`ConfidenceHead.score <lead.confidence.ConfidenceHead.score>` of this
         stitch's output ``y`` for its input ``x``.
 
@@ -169,6 +171,9 @@ class Stitch(nn.Module):
             What the forward received.
         y : Tensor of shape (n, d_tgt)
             The forward's output, any floating dtype.
+        features : Tensor of shape (n, len(confidence_feature_names)), optional
+            :meth:`confidence_features` of ``x`` when already at hand (computed here
+            otherwise).
 
         Returns
         -------
@@ -185,10 +190,39 @@ class Stitch(nn.Module):
             raise NoConfidenceError("this stitch has no confidence head", param="stitch")
         if y.dtype != torch.float32:
             y = unit_rows(y.float()) if self.normalize_output else y.float()
-        extra = None
-        if head.stitch_features:
-            extra = forward_batch_invariant(self.confidence_features, x)
-        return head.score(x, y, extra)
+        if head.stitch_features and features is None:
+            features = forward_batch_invariant(self.confidence_features, x)
+        return head.score(x, y, features if head.stitch_features else None)
+
+    def forward_scored(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch-invariant forward of ``x`` and its :meth:`score_confidence`: what the
+        service, ``lead translate`` and :func:`lead.confidence.translate_with_confidence`
+        compute for confidences. A stitch whose confidence features come out of its
+        forward's own work (a gated stitch's memory search) does that work once.
+
+        Parameters
+        ----------
+        x : Tensor of shape (n, d_src)
+            What the forward receives (after :func:`lead.unit_input.normalize_input`).
+
+        Returns
+        -------
+        y : Tensor of shape (n, d_tgt)
+            ``forward_batch_invariant(self, x)``, bit for bit.
+        confidence : Tensor of shape (n,), float32 in [0, 1]
+        out_of_distribution : Tensor of shape (n,), bool
+
+        Raises
+        ------
+        NoConfidenceError
+            If the stitch has no confidence head.
+        ShapeMismatchError
+            If ``x`` is not two-dimensional with ``d_src`` columns.
+        """
+        if self.confidence_head is None:
+            raise NoConfidenceError("this stitch has no confidence head", param="stitch")
+        y = forward_batch_invariant(self, x)
+        return (y, *self.score_confidence(x, y))
 
     #: Names of :meth:`confidence_features`' columns (none by default).
     confidence_feature_names: ClassVar[tuple[str, ...]] = ()
@@ -305,13 +339,20 @@ class Stitch(nn.Module):
         ShapeMismatchError
             If ``x`` is not two-dimensional with ``d_src`` columns.
         """
+        self._check_input(x)
+        return self._output(self._map(x - self.source_mean))
+
+    def _check_input(self, x: Tensor) -> None:
         if x.ndim != 2 or x.shape[1] != self.d_src:
             raise ShapeMismatchError(
                 f"expected input of shape (n, {self.d_src}), got {tuple(x.shape)}",
                 expected=self.d_src,
                 got=tuple(x.shape),
             )
-        residual = self._map(x - self.source_mean)
+
+    def _output(self, residual: Tensor) -> Tensor:
+        """The forward's output from its map's ``residual``: the output scale, the target
+        mean, and unit rows when ``normalize_output``."""
         if self.output_scale is not None:
             residual = residual * self.output_scale
         y = residual + self.target_mean
@@ -508,10 +549,10 @@ class LocalStitch(Stitch):
     def _map(self, x_centred: Tensor) -> Tensor:
         if self.strength == 0:
             return forward_batch_invariant(self._global, x_centred)
-        return self.map_and_nearest(x_centred)[0]
+        return self.map_and_neighbours(x_centred)[0]
 
-    def map_and_nearest(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
-        """The map of centred rows, and each row's highest cosine to the memory keys.
+    def map_and_neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """The map of centred rows, and each row's ``k`` highest cosines to the memory keys.
 
         Parameters
         ----------
@@ -523,8 +564,9 @@ class LocalStitch(Stitch):
         mapped : Tensor of shape (n, d_tgt)
             The global map plus the correction, in ``x_centred``'s dtype (before any output
             scale and the target mean).
-        nearest : Tensor of shape (n,), float32
-            The largest cosine of each (uncentred) row to the keys, in [-1, 1].
+        top : Tensor of shape (n, k), float32
+            The ``k`` largest cosines of each (uncentred) row to the keys, in [-1, 1],
+            largest first (:meth:`nearest_cosines`, the same bits).
         """
         base = forward_batch_invariant(self._global, x_centred)
         parts = [
@@ -532,10 +574,10 @@ class LocalStitch(Stitch):
             for i in range(0, x_centred.shape[0], self.CHUNK)
         ]
         if not parts:
-            return base, base.new_zeros((0,), dtype=torch.float32)
+            return base, base.new_zeros((0, self.k), dtype=torch.float32)
         correction = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        nearest = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        return base + self.strength * correction.to(base.dtype), nearest
+        top = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        return base + self.strength * correction.to(base.dtype), top
 
     def typical_inputs(self) -> Tensor:
         """The memory keys: training inputs (unit rows), shape (memory, d_src)."""
@@ -543,7 +585,7 @@ class LocalStitch(Stitch):
 
     def nearest_cosines(self, x_centred: Tensor) -> Tensor:
         """Each row's ``k`` highest cosines to the memory keys, float32 of shape (n, k),
-        largest first (of the uncentred rows, as :meth:`map_and_nearest` scores them)."""
+        largest first (of the uncentred rows, as :meth:`map_and_neighbours` scores them)."""
         parts = [
             self._neighbours(x_centred[i : i + self.CHUNK])[0]
             for i in range(0, x_centred.shape[0], self.CHUNK)
@@ -604,7 +646,7 @@ class LocalStitch(Stitch):
         values = self.values.float()
         neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)
         weighted = neighbours.mul_(weights.unsqueeze(2)).transpose(1, 2)  # (n, d_tgt, k)
-        return fixed_order_sum(weighted), top[:, 0]
+        return fixed_order_sum(weighted), top
 
 
 class GatedStitch(Stitch):
@@ -750,18 +792,38 @@ class GatedStitch(Stitch):
         Tensor of shape (n, 3), float32
         """
         domain = self.domain
-        top = domain.nearest_cosines(x - domain.source_mean)
+        return self._features(domain.nearest_cosines(x - domain.source_mean))
+
+    def _features(self, top: Tensor) -> Tensor:
+        """:meth:`confidence_features` from each row's ``k`` highest memory cosines (the
+        mean added in a fixed order: the same bits in any batch)."""
         a = self.gate(top[:, 0])
-        return torch.stack([a * top[:, 0], a, a * top.mean(dim=1)], dim=1)
+        mean = fixed_order_sum(top) / top.shape[1]
+        return torch.stack([a * top[:, 0], a, a * mean], dim=1)
+
+    def forward_scored(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`Stitch.forward_scored`; on the CPU the confidence features come from the
+        forward's own memory search (a second search cost ~0.6 of the forward)."""
+        head = self.confidence_head
+        if head is None or not head.stitch_features or x.device.type != "cpu":
+            return super().forward_scored(x)
+        self._check_input(x)  # unpadded: batch-invariant by itself (row_invariant)
+        residual, top = self._map_and_top(x - self.source_mean)
+        y = self._output(residual)
+        return (y, *self.score_confidence(x, y, features=self._features(top)))
 
     def _map(self, x_centred: Tensor) -> Tensor:
+        return self._map_and_top(x_centred)[0]
+
+    def _map_and_top(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_map`, and each row's ``k`` highest cosines to the local stitch's memory."""
         x = x_centred + self.source_mean  # the input: each expert centres it its own way
         domain = self.domain
-        mapped, nearest = domain.map_and_nearest(x - domain.source_mean)
+        mapped, top = domain.map_and_neighbours(x - domain.source_mean)
         if domain.output_scale is not None:
             mapped = mapped * domain.output_scale
         y_domain = mapped + domain.target_mean
-        a = self.gate(nearest).to(y_domain.dtype)
+        a = self.gate(top[:, 0]).to(y_domain.dtype)
         # on the CPU the MLP only for the rows it has a share of (its normalize_output is
         # off: the full vector), a row the local stitch answers alone blending with zeros; on
         # a GPU for all (finding the rows would read them back: a synchronisation)
@@ -773,7 +835,7 @@ class GatedStitch(Stitch):
             if len(general):
                 y_general[general] = forward_batch_invariant(self.general, x[general])
         a = a.unsqueeze(1)
-        return a * y_domain + (1 - a) * y_general - self.target_mean
+        return a * y_domain + (1 - a) * y_general - self.target_mean, top
 
 
 class _Coupling(nn.Module):

@@ -256,14 +256,15 @@ class Route:
                         y, _ = normalize_input(entry.stitch, y, inverse=self.inverse)
                     except ZeroVectorError as error:
                         raise self._zero_row(hop, error.row) from None
-                run = oriented(entry.stitch, inverse=self.inverse)[0]
                 source = y.to(entry.dtype)
-                y = forward_batch_invariant(run, source)
-                # confidence_problem() checked every head
+                # confidence_problem() checked every head (and the direction)
                 if scored and entry.stitch.confidence_head is not None:
-                    score, far = entry.stitch.score_confidence(source, y)
+                    y, score, far = entry.stitch.forward_scored(source)
                     confidence = score if confidence is None else confidence * score
                     ood = far if ood is None else ood | far
+                else:
+                    run = oriented(entry.stitch, inverse=self.inverse)[0]
+                    y = forward_batch_invariant(run, source)
             if normalize:
                 y = unit_rows(y)
             extra = [] if confidence is None or ood is None else [confidence.float(), ood]

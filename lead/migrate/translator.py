@@ -246,10 +246,11 @@ class LocalTranslator:
             x = x.to(device=self._param.device)
             x, rescaled = normalize_input(self.stitch, x, inverse=self.inverse)
             x = x.to(dtype=self._param.dtype)
-            out = forward_batch_invariant(self._run, x)
             if scored:
-                confidence, ood = self.stitch.score_confidence(x, out)
+                out, confidence, ood = self.stitch.forward_scored(x)
                 scores = (confidence.cpu().numpy(), ood.cpu().numpy())
+            else:
+                out = forward_batch_invariant(self._run, x)
             if self.normalize:
                 out = torch.nn.functional.normalize(out, dim=1)
             if not bool(torch.isfinite(out).all()):

@@ -299,3 +299,37 @@ def test_a_migration_scores_a_gated_stitch_as_the_library_does(
     want = translate_with_confidence(load_stitch(folder), x)
     assert np.array_equal(y, want[0].numpy())
     assert np.array_equal(confidence, want[1].numpy()) and np.array_equal(ood, want[2].numpy())
+
+
+def test_forward_scored_searches_the_memory_once(
+    scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With confidences, a bundled gated stitch takes its confidence features from its
+    forward's own memory search (a second search cost ~0.6 of the forward): the same
+    translation bits, confidences within rounding of the features computed apart, one
+    search per chunk of rows."""
+    from lead.stitches import LocalStitch
+
+    stitch = load_stitch(FIXTURES.parents[1] / "models" / "minilm-to-mpnet").eval().freeze()
+    x = unit_rows(torch.from_numpy(scifact_small.queries["minilm"][:20]))
+    x = torch.cat([x, stitch.domain.keys.detach().float()[:5]])  # near the memory: gate 1
+    searches = []
+    search = LocalStitch._neighbours
+
+    def counted(self: LocalStitch, x_centred: torch.Tensor) -> Any:
+        searches.append(len(x_centred))
+        return search(self, x_centred)
+
+    monkeypatch.setattr(LocalStitch, "_neighbours", counted)
+    with torch.inference_mode():
+        y, confidence, ood = stitch.forward_scored(x)
+        assert searches == [len(x)]
+        assert torch.equal(y, forward_batch_invariant(stitch, x))
+        apart, apart_ood = stitch.score_confidence(x, y)
+        assert len(searches) == 3  # and one each for the plain forward and the features
+        torch.testing.assert_close(confidence, apart, rtol=0, atol=1e-5)
+        assert torch.equal(ood, apart_ood) and not bool(ood.any())
+        alone = [stitch.forward_scored(x[i : i + 1]) for i in range(len(x))]
+    for i, (y_i, c_i, o_i) in enumerate(alone):  # batch-invariant, bit for bit
+        assert torch.equal(y_i, y[i : i + 1]) and torch.equal(c_i, confidence[i : i + 1])
+        assert torch.equal(o_i, ood[i : i + 1])

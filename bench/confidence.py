@@ -15,8 +15,10 @@ the Spearman correlation between the confidence and the true ``cos(translation, 
 is measured on the test documents (in domain) and the test sentences (out of domain), rows
 that neither the stitch nor the head saw. ``fit_oof`` is the out-of-fold figure that
 ``fit_confidence`` itself reports (``fit_oof_generic``: without the stitch's own features).
-The cost is ``Stitch.score_confidence`` against the stitch's forward,
-both batch-invariant, at batch 1 and 1,024 (median of 200 / 20 runs, one thread).
+The cost is what ``Stitch.forward_scored`` (the forward and its confidence, as the service
+computes them) adds to the stitch's forward, both batch-invariant, at batch 1 and 1,024
+(median of 200 / 20 runs, one thread; a gated stitch's confidence features come from its
+forward's memory search).
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ def _cost(stitch: Any) -> dict[str, float]:
     with torch.inference_mode():
         for batch, repeat in ((1, 200), (1024, 20)):
             x = torch.nn.functional.normalize(torch.randn(batch, stitch.d_src), dim=1)
-            y = forward_batch_invariant(stitch, x)
             forward = _median_ms(lambda x=x: forward_batch_invariant(stitch, x), repeat)
-            score = _median_ms(lambda x=x, y=y: stitch.score_confidence(x, y), repeat)
+            scored = _median_ms(lambda x=x: stitch.forward_scored(x), repeat)
+            score = max(scored - forward, 0.0)
             out[f"forward_ms_batch{batch}"] = round(forward, 4)
             out[f"score_ms_batch{batch}"] = round(score, 4)
             out[f"score_over_forward_batch{batch}"] = round(score / forward, 3)

@@ -54,6 +54,12 @@ def _rows(scifact_small: Any, d: int, n: int = 1024) -> Tensor:
     return torch.from_numpy(rows.astype(np.float32))
 
 
+needs_exact_int8 = pytest.mark.skipif(
+    not batch_invariance._int8_products_exact(),
+    reason="torch._int_mm is not exact on this CPU (no int8 first scoring here)",
+)
+
+
 def _run(name: str, inverse: bool) -> tuple[Callable[[Tensor], Tensor], int]:
     stitch = load_stitch(MODELS / name).eval()
     run, d_in, _ = oriented(stitch, inverse=inverse)
@@ -174,6 +180,7 @@ def test_top_k_cosines_does_not_depend_on_the_first_scoring(scifact_small: Any) 
         assert torch.equal(torch.cat([a[1] for a in alone]), single[1])
 
 
+@needs_exact_int8
 def test_an_int8_first_scoring_gives_the_same_answer(
     scifact_small: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +201,7 @@ def test_an_int8_first_scoring_gives_the_same_answer(
                 assert torch.equal(alone[1], single[1][i : i + 1]), (limit, k, i)
 
 
+@needs_exact_int8
 def test_the_int8_margin_bounds_the_error(scifact_small: Any) -> None:
     """Every int8 first score lies within half its row's margin of the exact cosine (the
     margin's Cauchy-Schwarz bound, on real rows and keys, and on Gaussian rows)."""
@@ -208,17 +216,39 @@ def test_the_int8_margin_bounds_the_error(scifact_small: Any) -> None:
         assert float(margin.max()) < 0.1  # a bound that still prunes
 
 
+@needs_exact_int8
 def test_quantized_keys_only_for_a_memory_it_can_prune() -> None:
     """The bundled MiniLM memory gets int8 keys; multilingual-e5-small's, whose cosines
     crowd within a few hundredths, does not (hundreds of candidates a row)."""
     minilm = load_stitch(MODELS / "minilm-to-mpnet").domain
     e5 = load_stitch(MODELS / "e5-to-minilm").domain
-    if not batch_invariance._int8_products_exact():
-        pytest.skip("torch._int_mm is not exact on this CPU (no int8 first scoring)")
     quantized = quantized_keys(minilm.keys, minilm.k)
     assert quantized is not None and quantized.codes.dtype == torch.int8
     assert int(quantized.codes.abs().max()) <= 127
     assert quantized_keys(e5.keys, e5.k) is None
+
+
+def _saturating_int_mm(a: Tensor, b: Tensor) -> Tensor:
+    """int8 products as CPUs without VNNI may form them: ``a`` shifted to uint8, pairs of
+    products summed in saturating int16 (``vpmaddubsw``), the shift taken out after."""
+    u = (a.long() + 128).unsqueeze(2)  # (n, d, 1)
+    products = u * b.long().unsqueeze(0)  # (n, d, m)
+    if products.shape[1] % 2:
+        products = torch.cat([products, torch.zeros_like(products[:, :1])], dim=1)
+    pairs = (products[:, 0::2] + products[:, 1::2]).clamp(-(2**15), 2**15 - 1)
+    return (pairs.sum(dim=1) - 128 * b.long().sum(dim=0)).to(torch.int32)
+
+
+def test_saturating_int8_products_are_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check behind the int8 scoring catches a kernel whose pair sums saturate (its
+    extreme codes); such products would break the margin's bound."""
+    a = torch.full((2, 8), 127, dtype=torch.int8)
+    assert not torch.equal(_saturating_int_mm(a, a.T), (a.long() @ a.long().T).to(torch.int32))
+    g = torch.Generator().manual_seed(0)
+    small = torch.randint(-50, 50, (3, 8), dtype=torch.int8, generator=g)
+    assert torch.equal(_saturating_int_mm(small, small.T), (small.long() @ small.long().T).int())
+    monkeypatch.setattr(torch, "_int_mm", _saturating_int_mm)
+    assert batch_invariance._int8_products_exact.__wrapped__() is False
 
 
 def test_no_int8_first_scoring_without_exact_int8_products(
@@ -341,7 +371,7 @@ def test_rows_tied_with_the_whole_memory_are_rescored_against_every_key(
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :10]
     cosines, index = top_k_cosines(x, keys, 10)
     assert torch.equal(index, order) and torch.equal(cosines, exact.gather(1, order))
-    quantized = _quantized(keys)
+    quantized = _quantized(keys) if batch_invariance._int8_products_exact() else None
     assert torch.equal(top_k_cosines(x, keys, 10, quantized=quantized)[1], index)
     for i in range(len(x)):
         alone = top_k_cosines(x[i : i + 1], keys, 10, half=keys.half(), quantized=quantized)

@@ -83,6 +83,9 @@ _SPARE = 2
 _INT8_TAKE = 24
 #: The largest magnitude of an int8 code (symmetric: -128 is never used).
 _INT8_LEVELS = 127
+#: The smallest dimension scored in int8 (torch 2.13's CPU ``_int_mm`` returns garbage for
+#: an inner dimension of 1; small dimensions gain nothing from it).
+_INT8_MIN_DIM = 16
 #: A row that needs more candidates than this from the int8 scoring (its margin is ~20
 #: times float16's) is scored again in float32 or float16 first.
 _INT8_CANDIDATES = 64
@@ -262,8 +265,12 @@ def quantized_keys(keys: Tensor, k: int) -> QuantizedKeys | None:
     QuantizedKeys or None
     """
     d = keys.shape[1]
-    if keys.device.type != "cpu" or d * _INT8_LEVELS**2 >= 2**31 or not _int8_products_exact():
-        return None  # (int32 sums of d products of codes must not overflow)
+    if (
+        keys.device.type != "cpu"
+        or not _INT8_MIN_DIM <= d < 2**31 // _INT8_LEVELS**2  # int32 sums must not overflow
+        or not _int8_products_exact()
+    ):
+        return None
     with torch.no_grad():
         exact = keys.detach().float()
         if bool((exact.abs().amax(dim=1) == 0).any()):
@@ -271,6 +278,12 @@ def quantized_keys(keys: Tensor, k: int) -> QuantizedKeys | None:
         quantized = _quantized(exact)
         sample = exact[:: max(1, len(exact) // 256)]
         try:
+            # torch._int_mm on these very shapes, one row and several, against int64
+            for rows in (sample[:1], sample):
+                codes = _int8_codes(rows)[0]
+                got = torch._int_mm(codes, quantized.codes.T)
+                if not torch.equal(got.long(), codes.long() @ quantized.codes.long().T):
+                    return None
             scores, margin = _int8_first(sample, quantized)
         except RuntimeError:  # torch._int_mm refuses these shapes on this build
             return None
@@ -333,7 +346,8 @@ def top_k_cosines(
     depends on neither the first scoring's kernel nor the batch. A row tied with more than
     :data:`_MAX_CANDIDATES` keys within the margin (a vector orthogonal to the whole memory,
     near-duplicate keys) is scored against every key, in blocks of bounded memory: slower
-    (~2.7 ms per row for 5,000 keys of dimension 384), the same answer.
+    (1.2-2 ms per row for 5,000 keys of dimension 384; 1,024 such rows raised the peak
+    memory by ~90 MB), the same answer.
 
     Parameters
     ----------
@@ -426,7 +440,8 @@ def _search(
     rows, below = rows[many], below[many]
     row, key = (scores[many] >= below.unsqueeze(1)).nonzero(as_tuple=True)
     counts = torch.bincount(row, minlength=len(rows))
-    crowded = counts > limit
+    # fewer than k: a first score is NaN (input outside the contract; no crash, an answer)
+    crowded = (counts > limit) | (counts < k)
     left = rows[:0]
     if bool(crowded.any()):
         keep = ~crowded
@@ -454,17 +469,23 @@ def _rescored(x: Tensor, keys: Tensor, candidates: Tensor, k: int) -> tuple[Tens
     d = keys.shape[1]
     candidates = candidates.sort(dim=1).values  # key order: the stable sort keeps it for ties
     block = max(1, _RESCORE_FLOATS // (candidates.shape[1] * d))
-    tops, nears = [], []
+    cosines, index = _top_k_outputs(x, k)
     for i in range(0, len(x), block):
         near = candidates[i : i + block]
         chosen = keys.index_select(0, near.flatten()).view(*near.shape, d)
         exact = fixed_order_sum(chosen.mul_(x[i : i + block].unsqueeze(1)))
         order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
-        tops.append(exact.gather(1, order))
-        nears.append(near.gather(1, order))
-    if len(tops) == 1:
-        return tops[0], nears[0]
-    return torch.cat(tops), torch.cat(nears)
+        torch.gather(exact, 1, order, out=cosines[i : i + block])
+        torch.gather(near, 1, order, out=index[i : i + block])
+    return cosines, index
+
+
+def _top_k_outputs(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Empty ``(len(x), k)`` cosines and indices, written block by block (no small results
+    kept between large temporaries: they fragmented the heap, ~6 GB for 1,024 rows on the
+    all-keys path)."""
+    n = len(x)
+    return x.new_empty((n, k)), torch.empty((n, k), dtype=torch.long, device=x.device)
 
 
 def _rescored_pairs(
@@ -497,13 +518,10 @@ def _rescored_all(x: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     :data:`_RESCORE_FLOATS` products."""
     m, d = keys.shape
     block = max(1, _RESCORE_FLOATS // (m * d))
-    tops, nears = [], []
+    cosines, index = _top_k_outputs(x, k)
     for i in range(0, len(x), block):
-        products = keys.unsqueeze(0) * x[i : i + block].unsqueeze(1)
-        exact = fixed_order_sum(products)
+        exact = fixed_order_sum(keys.unsqueeze(0) * x[i : i + block].unsqueeze(1))
         order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
-        tops.append(exact.gather(1, order))
-        nears.append(order)
-    if len(tops) == 1:
-        return tops[0], nears[0]
-    return torch.cat(tops), torch.cat(nears)
+        torch.gather(exact, 1, order, out=cosines[i : i + block])
+        index[i : i + block] = order
+    return cosines, index

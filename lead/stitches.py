@@ -523,7 +523,9 @@ class LocalStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         self.keys = nn.Parameter(torch.zeros(memory, d_src))
         self.values = nn.Parameter(torch.zeros(memory, d_tgt))
-        self._frozen: tuple[tuple[object, ...], Tensor | None, QuantizedKeys | None] | None = None
+        # (stamp of the keys, float16 keys, int8 keys, the keys' storage): see freeze()
+        self._frozen: tuple[tuple[object, ...], Tensor | None, QuantizedKeys | None, object] | None
+        self._frozen = None
 
     def check_loaded(self) -> None:
         """:meth:`Stitch.check_loaded`, and the memory keys must be unit rows (they are
@@ -603,7 +605,11 @@ class LocalStitch(Stitch):
         stamp = self._keys_stamp()
         if stamp is not None:
             with torch.inference_mode(False), torch.no_grad():
-                self._frozen = (stamp, half_keys(self.keys), quantized_keys(self.keys, self.k))
+                half, quantized = half_keys(self.keys), quantized_keys(self.keys, self.k)
+                # holding the keys' storage keeps its address from being handed to new keys
+                # (``.half().float()`` replaces ``.data`` and can get the same address back,
+                # the version counter unchanged: found by an adversarial pass)
+                self._frozen = (stamp, half, quantized, self.keys.untyped_storage())
         return self
 
     def _keys_stamp(self) -> tuple[object, ...] | None:
@@ -617,7 +623,7 @@ class LocalStitch(Stitch):
         keys changed since (then float32 until frozen again)."""
         if self._frozen is not None and self._frozen[0] != self._keys_stamp():
             self._frozen = None
-        return (None, None) if self._frozen is None else self._frozen[1:]
+        return (None, None) if self._frozen is None else self._frozen[1:3]
 
     def _neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
         """The ``k`` highest cosines (sorted, largest first, ties to the lower row) and their

@@ -28,7 +28,7 @@ from lead.batch_invariance import (
     quantized_keys,
     top_k_cosines,
 )
-from lead.stitches import oriented, unit_rows
+from lead.stitches import LocalStitch, oriented, unit_rows
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 BUNDLED = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
@@ -377,3 +377,66 @@ def test_rows_tied_with_the_whole_memory_are_rescored_against_every_key(
         alone = top_k_cosines(x[i : i + 1], keys, 10, half=keys.half(), quantized=quantized)
         assert torch.equal(alone[0], cosines[i : i + 1])
         assert torch.equal(alone[1], index[i : i + 1])
+
+
+def test_no_int8_keys_where_int8_products_go_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an adversarial pass: torch 2.13's CPU ``_int_mm`` returns garbage for an
+    inner dimension of 1, which the fixed-shape check did not probe, so a 1-d memory got
+    wrong neighbours. Small dimensions get no int8 keys, and a memory's own shapes are
+    checked against int64 products."""
+    g = torch.Generator().manual_seed(5)
+    for d in (1, 8):
+        assert quantized_keys(unit_rows(torch.randn(60, d, generator=g)), 3) is None
+    keys = unit_rows(torch.randn(60, 24, generator=g))
+    product = torch._int_mm
+
+    def wrong_for_24(a: Tensor, b: Tensor) -> Tensor:
+        out = product(a, b)
+        return out + 1 if a.shape[1] == 24 else out
+
+    monkeypatch.setattr(torch, "_int_mm", wrong_for_24)
+    assert batch_invariance._int8_products_exact.__wrapped__()  # the fixed shapes pass
+    assert quantized_keys(keys, 3) is None
+
+
+def test_a_nan_row_does_not_break_the_batch(scifact_small: Any) -> None:
+    """Outside the contract (unit rows), a NaN row gets an answer instead of failing the
+    whole batch (found by an adversarial pass: a ValueError for every row); the other rows
+    keep their bits."""
+    keys = _rows(scifact_small, 384)[:500]
+    x = _rows(scifact_small, 384)[600:606].clone()
+    x[2] = float("nan")
+    quantized = _quantized(keys) if batch_invariance._int8_products_exact() else None
+    for first in ({}, {"quantized": quantized}, {"half": keys.half()}):
+        cosines, index = top_k_cosines(x, keys, 10, **first)
+        assert torch.equal(index[2], torch.arange(10)) and bool(cosines[2].isnan().all())
+        for i in (0, 1, 3, 4, 5):
+            alone = top_k_cosines(x[i : i + 1], keys, 10)
+            assert torch.equal(cosines[i : i + 1], alone[0])
+            assert torch.equal(index[i : i + 1], alone[1])
+
+
+def test_the_frozen_keys_follow_a_round_trip_through_float16() -> None:
+    """Found by an adversarial pass: ``.half().float()`` replaces the keys' data, and the
+    allocator can hand the new keys the old address with the version counter unchanged, so
+    the int8 copy went on scoring the old keys. The memory below has key B first and 30
+    copies of key A, A above B in float32 and equal in float16: after the round trip the
+    lower index, B, is the nearest."""
+    d, unit = 3000, 2.0**-24
+
+    def key(n: int) -> Tensor:  # exactly representable in int8 codes
+        k = torch.zeros(d)
+        k[0], k[1] = 127 * n * unit, 10 * n * unit
+        return k
+
+    stitch = LocalStitch(d, 2, memory=31, k=1, temperature=0.05, strength=1.0, sink=-1.0)
+    with torch.no_grad():
+        stitch.keys.copy_(torch.stack([key(131685)] + [key(131749)] * 30))
+    stitch.eval().freeze()
+    x = torch.zeros(1, d)
+    x[0, 0] = 1
+    with torch.no_grad():
+        assert int(stitch._neighbours(x)[1]) != 0  # A wins in float32
+        stitch.half()
+        stitch.float()
+        assert int(stitch._neighbours(x)[1]) == 0  # tied in float16: B, the lower index

@@ -80,7 +80,7 @@ _RESCORE_FLOATS = 1 << 20
 _SPARE = 2
 #: Candidates it first takes from the int8 scoring (real queries need ~20 of a
 #: 5,000-key memory).
-_INT8_TAKE = 24
+_INT8_TAKE = 32
 #: The largest magnitude of an int8 code (symmetric: -128 is never used).
 _INT8_LEVELS = 127
 #: The smallest dimension scored in int8 (torch 2.13's CPU ``_int_mm`` returns garbage for

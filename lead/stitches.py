@@ -209,15 +209,13 @@ class Stitch(nn.Module):
         -------
         y : Tensor of shape (n, d_tgt)
             ``forward_batch_invariant(self, x)``, bit for bit.
-        confidence : Tensor of shape (n,), float32 in [0, 1]
-        out_of_distribution : Tensor of shape (n,), bool
+        confidence, out_of_distribution : Tensor of shape (n,)
+            As :meth:`score_confidence` gives them for ``y``.
 
         Raises
         ------
-        NoConfidenceError
-            If the stitch has no confidence head.
-        ShapeMismatchError
-            If ``x`` is not two-dimensional with ``d_src`` columns.
+        NoConfidenceError, ShapeMismatchError
+            No confidence head; ``x`` not of shape (n, d_src).
         """
         if self.confidence_head is None:
             raise NoConfidenceError("this stitch has no confidence head", param="stitch")

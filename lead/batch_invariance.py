@@ -336,9 +336,8 @@ def top_k_cosines(
     in int8 when ``quantized`` is given, in float16 when ``half`` is) keeps every key
     within a margin of the ``k``-th highest score; those candidates are scored again in
     float32 with :func:`fixed_order_sum` and ranked by that score, ties to the lower key
-    index. A
-    float32 dot product of two unit vectors of dimension ``d``, added in any order, is
-    within :math:`\gamma_d = d u / (1 - d u)` (``u`` = 2**-24) of the exact value
+    index. A float32 dot product of two unit vectors of dimension ``d``, added in any
+    order, is within :math:`\gamma_d = d u / (1 - d u)` (``u`` = 2**-24) of the exact value
     (Higham, 2002, section 3.1 [1]_), and the float16 scoring adds the rounding of its
     inputs and output (the int8 scoring: each row's bound from its own quantisation error,
     :func:`_int8_first`); a margin of twice the two scorings' bounds keeps every key of the

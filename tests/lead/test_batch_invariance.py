@@ -379,6 +379,7 @@ def test_rows_tied_with_the_whole_memory_are_rescored_against_every_key(
         assert torch.equal(alone[1], index[i : i + 1])
 
 
+@needs_exact_int8
 def test_no_int8_keys_where_int8_products_go_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by an adversarial pass: torch 2.13's CPU ``_int_mm`` returns garbage for an
     inner dimension of 1, which the fixed-shape check did not probe, so a 1-d memory got

@@ -216,12 +216,21 @@ def _int8_codes(x: Tensor) -> tuple[Tensor, Tensor]:
     return codes.to(torch.int8), step
 
 
+def _int_mm_exact(a: Tensor, b: Tensor) -> bool:
+    """Whether ``torch._int_mm(a, b.T)`` (int8 codes) equals the int64 products; False
+    where it refuses these shapes."""
+    try:
+        got = torch._int_mm(a, b.T)
+    except RuntimeError:  # not implemented for these shapes or on this build
+        return False
+    return torch.equal(got.long(), a.long() @ b.long().T)
+
+
 @functools.cache
 def _int8_products_exact() -> bool:
     """Whether ``torch._int_mm`` gives exact int32 products on this machine, also for the
     largest codes (CPUs without VNNI may sum pairs of int8 products in saturating int16)."""
-    product = getattr(torch, "_int_mm", None)
-    if product is None:
+    if getattr(torch, "_int_mm", None) is None:
         return False
     g = torch.Generator().manual_seed(0)
     for rows, d in ((1, 384), (8, 768), (64, 1024)):
@@ -229,12 +238,7 @@ def _int8_products_exact() -> bool:
         codes = (signs * _INT8_LEVELS).to(torch.int8)  # the extremes: the largest pair sums
         codes[-1] = _INT8_LEVELS  # rows of one sign: the largest totals
         codes[-2] = -_INT8_LEVELS
-        a, b = codes[:rows], codes[rows:]
-        try:
-            got = product(a, b.T)
-        except RuntimeError:  # not implemented for these shapes or on this build
-            return False
-        if not torch.equal(got.long(), a.long() @ b.long().T):
+        if not _int_mm_exact(codes[:rows], codes[rows:]):
             return False
     return True
 
@@ -277,16 +281,11 @@ def quantized_keys(keys: Tensor, k: int) -> QuantizedKeys | None:
             return None
         quantized = _quantized(exact)
         sample = exact[:: max(1, len(exact) // 256)]
-        try:
-            # torch._int_mm on these very shapes, one row and several, against int64
-            for rows in (sample[:1], sample):
-                codes = _int8_codes(rows)[0]
-                got = torch._int_mm(codes, quantized.codes.T)
-                if not torch.equal(got.long(), codes.long() @ quantized.codes.long().T):
-                    return None
-            scores, margin = _int8_first(sample, quantized)
-        except RuntimeError:  # torch._int_mm refuses these shapes on this build
-            return None
+        # torch._int_mm on these very shapes too, one row and several
+        for rows in (sample[:1], sample):
+            if not _int_mm_exact(_int8_codes(rows)[0], quantized.codes):
+                return None
+        scores, margin = _int8_first(sample, quantized)
         kth = scores.topk(min(k, len(exact)), dim=1).values[:, -1]
         needed = (scores >= (kth - margin).unsqueeze(1)).sum(dim=1).float()
     if float(needed.quantile(0.9)) > _INT8_CANDIDATES:

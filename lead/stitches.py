@@ -293,8 +293,8 @@ class Stitch(nn.Module):
 
     def freeze(self) -> Self:
         """Declare the stitch's tensors final, as a server does: the stitch may then keep
-        what speeds up its forward (a local stitch: its memory keys in float16). The answers
-        are the same bits either way.
+        what speeds up its forward (a local stitch: its memory keys in int8 and float16).
+        The answers are the same bits either way.
 
         A later change of a tensor through torch (its in-place operations,
         ``load_state_dict``, ``.to()``, a new parameter) is noticed and drops what was kept;

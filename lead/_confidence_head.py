@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from lead.batch_invariance import forward_batch_invariant
-from lead.errors import ShapeMismatchError, StitchFormatError
+from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError
 
 __all__ = [
     "CONFIDENCE_METHOD",
@@ -28,10 +28,11 @@ __all__ = [
 ]
 
 CONFIDENCE_METHOD = "bootstrap-ridge-disagreement+isotonic"
-#: Version 2 adds the stitch's own features (``stitch_features``); version 1 heads (none)
-#: are still read.
-CONFIDENCE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: Version 2 adds the stitch's own features (``stitch_features``); version 3 scores a
+#: stitch's output before its final L2 normalisation (``normalize_output``), whose norm
+#: unit rows lose. Heads of versions 1 and 2 are still read, and scored as they were fitted.
+CONFIDENCE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 #: Number of the scalar features (see :mod:`lead.confidence`).
 N_FEATURES = 5
 #: Most stitch features a head takes (:meth:`lead.stitches.Stitch.confidence_features`).
@@ -61,6 +62,10 @@ class ConfidenceHead(nn.Module):
         Number of the stitch's own per-row features
         (:meth:`lead.stitches.Stitch.confidence_features`, e.g. a gated stitch's nearest
         memory cosine), ``0 <= stitch_features <=`` :data:`MAX_STITCH_FEATURES`.
+    version : int, default CONFIDENCE_VERSION
+        The protocol the head was fitted with (one of :data:`READABLE_VERSIONS`): from 3
+        on, ``y_pred`` is the stitch's output before its final L2 normalisation
+        (:attr:`scores_unnormalized`).
 
     Notes
     -----
@@ -82,9 +87,23 @@ class ConfidenceHead(nn.Module):
     """
 
     def __init__(
-        self, d_src: int, d_tgt: int, *, rank: int, knots: int, stitch_features: int = 0
+        self,
+        d_src: int,
+        d_tgt: int,
+        *,
+        rank: int,
+        knots: int,
+        stitch_features: int = 0,
+        version: int = CONFIDENCE_VERSION,
     ) -> None:
         super().__init__()
+        if version not in READABLE_VERSIONS or (version < 2 and stitch_features):
+            raise InvalidInputError(
+                f"unsupported confidence head version {version!r} with {stitch_features} "
+                f"stitch features (this lead reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}; stitch features need version 2)",
+                param="version",
+            )
         if (
             min(d_src, d_tgt, rank) < 1
             or not 2 <= knots <= MAX_KNOTS
@@ -101,6 +120,7 @@ class ConfidenceHead(nn.Module):
             )
         self.d_src, self.d_tgt, self.rank, self.knots = int(d_src), int(d_tgt), rank, knots
         self.stitch_features = int(stitch_features)
+        self.version = int(version)
         #: the calibration report (config.json ``confidence.report``)
         self.report: dict[str, Any] = {}
         shapes = {
@@ -136,11 +156,21 @@ class ConfidenceHead(nn.Module):
                 self._buffers[name] = buffer.to(device=device, dtype=torch.float32)
         return self
 
+    @property
+    def scores_unnormalized(self) -> bool:
+        """Whether ``y_pred`` is the stitch's output before its final L2 normalisation
+        (version 3 and later), not the output itself. The same for a stitch without
+        ``normalize_output``; for one with it, the norm of the unnormalised output (how far
+        the map shrank the row towards the target mean) ranks the translations that unit
+        rows cannot (``models/README.md``, *Confidence*)."""
+        return self.version >= 3
+
     def get_config(self) -> dict[str, Any]:
-        """What ``config.json`` records under ``"confidence"``."""
+        """What ``config.json`` records under ``"confidence"`` (the head's own version: a
+        head read from an older file is saved as it was fitted)."""
         return {
             "method": CONFIDENCE_METHOD,
-            "version": CONFIDENCE_VERSION,
+            "version": self.version,
             "rank": self.rank,
             "knots": self.knots,
             "stitch_features": self.stitch_features,
@@ -191,7 +221,10 @@ class ConfidenceHead(nn.Module):
             Exactly what the stitch's forward received (after the unit scaling of
             :func:`lead.unit_input.normalize_input`), any floating dtype.
         y_pred : Tensor of shape (n, d_tgt)
-            The stitch's output for ``x``.
+            The stitch's output for ``x``; for a head that :attr:`scores_unnormalized`,
+            before the stitch's final L2 normalisation
+            (:meth:`lead.stitches.Stitch.forward_unnormalized`;
+            :meth:`~lead.stitches.Stitch.score_confidence` passes the right one).
         extra : Tensor of shape (n, stitch_features), optional
             The stitch's own features of ``x``
             (:meth:`lead.stitches.Stitch.confidence_features`); required when the head
@@ -291,7 +324,7 @@ def head_from_config(config: Any, d_src: int, d_tgt: int) -> ConfidenceHead:
     if not isinstance(report, dict):
         raise StitchFormatError("config confidence.report must be an object")
     try:
-        head = ConfidenceHead(d_src, d_tgt, **sizes)  # type: ignore[arg-type]
+        head = ConfidenceHead(d_src, d_tgt, **sizes, version=version)  # type: ignore[arg-type]
     except ShapeMismatchError as error:
         raise StitchFormatError(f"bad confidence block: {error}") from None
     head.report = current_report(report)

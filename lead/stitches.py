@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lead.batch_invariance import (
+    ROW_INVARIANT,
     QuantizedKeys,
     fixed_order_sum,
     forward_batch_invariant,
@@ -154,16 +155,24 @@ class Stitch(nn.Module):
             self.add_module(self.CONFIDENCE, head)
 
     def score_confidence(
-        self, x: Tensor, y: Tensor, *, features: Tensor | None = None
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        features: Tensor | None = None,
+        unnormalized: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """:meth:`ConfidenceHead.score <lead.confidence.ConfidenceHead.score>` of this
         stitch's output ``y`` for its input ``x``.
 
-        A ``y`` in a reduced precision is scored in float32 and, for a stitch with unit
-        outputs, back on the unit sphere: the head's features include prediction norms,
-        which bfloat16 rounding of a unit row moves by ~4e-3, enough to shift the bundled
-        stitches' confidences by up to 0.30; renormalised, by at most 0.03 (everyday
-        sentences). A float32 ``y`` is scored as it is.
+        A head of version 3 or later scores the output *before* the stitch's final L2
+        normalisation (``normalize_output``): how far the map shrank a row towards the
+        target mean, which unit rows no longer show, is its best sign of doubt
+        (:mod:`lead.confidence`). Older heads score the output itself; a ``y`` in a
+        reduced precision is then scored in float32 and, for a stitch with unit outputs,
+        back on the unit sphere (their features include the norm of a unit row, which
+        bfloat16 rounding moves by ~4e-3: up to 0.30 of confidence on the bundled stitches
+        before this; renormalised, at most 0.03).
 
         Parameters
         ----------
@@ -174,6 +183,9 @@ class Stitch(nn.Module):
         features : Tensor of shape (n, len(confidence_feature_names)), optional
             :meth:`confidence_features` of ``x`` when already at hand (computed here
             otherwise).
+        unnormalized : Tensor of shape (n, d_tgt), optional
+            :meth:`forward_unnormalized` of ``x`` when already at hand (computed here when
+            the head needs it).
 
         Returns
         -------
@@ -188,17 +200,22 @@ class Stitch(nn.Module):
         head = self.confidence_head
         if head is None:
             raise NoConfidenceError("this stitch has no confidence head", param="stitch")
-        if y.dtype != torch.float32:
+        if head.scores_unnormalized and self.normalize_output:
+            y = self.forward_unnormalized(x) if unnormalized is None else unnormalized
+            y = y.float()
+        elif y.dtype != torch.float32:
             y = unit_rows(y.float()) if self.normalize_output else y.float()
         if head.stitch_features and features is None:
-            features = forward_batch_invariant(self.confidence_features, x)
+            features = self._row_invariant_call(self.confidence_features, x)
         return head.score(x, y, features if head.stitch_features else None)
 
     def forward_scored(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The batch-invariant forward of ``x`` and its :meth:`score_confidence`: what the
         service, ``lead translate`` and :func:`lead.confidence.translate_with_confidence`
         compute for confidences. A stitch whose confidence features come out of its
-        forward's own work (a gated stitch's memory search) does that work once.
+        forward's own work (a gated stitch's memory search) does that work once, and the
+        output before its L2 normalisation, which heads of version 3 score, comes out of
+        the same forward.
 
         Parameters
         ----------
@@ -217,10 +234,59 @@ class Stitch(nn.Module):
         NoConfidenceError, ShapeMismatchError
             No confidence head; ``x`` not of shape (n, d_src).
         """
-        if self.confidence_head is None:
+        head = self.confidence_head
+        if head is None:
             raise NoConfidenceError("this stitch has no confidence head", param="stitch")
-        y = forward_batch_invariant(self, x)
-        return (y, *self.score_confidence(x, y))
+        if not (head.scores_unnormalized and self.normalize_output):
+            y = forward_batch_invariant(self, x)
+            return (y, *self.score_confidence(x, y))
+        # one forward for both, in the padded shapes of forward_batch_invariant(self, x)
+        both = self._row_invariant_call(self._output_and_unnormalized, x)
+        y, raw = both[:, : self.d_tgt].contiguous(), both[:, self.d_tgt :].contiguous()
+        return (y, *self.score_confidence(x, y, unnormalized=raw))
+
+    def forward_unnormalized(self, x: Tensor) -> Tensor:
+        """The forward before its final L2 normalisation: the same as the forward when
+        ``normalize_output`` is off; batch-invariant
+        (:func:`lead.batch_invariance.forward_batch_invariant`).
+
+        Parameters
+        ----------
+        x : Tensor of shape (n, d_src)
+            What the forward receives.
+
+        Returns
+        -------
+        Tensor of shape (n, d_tgt)
+            In ``x``'s dtype; its row norms are how far the map reached from the origin
+            (a row shrunk towards the target mean is one the map is unsure of).
+
+        Raises
+        ------
+        ShapeMismatchError
+            If ``x`` is not two-dimensional with ``d_src`` columns.
+        """
+        if not self.normalize_output:
+            return forward_batch_invariant(self, x)
+        return self._row_invariant_call(self._unnormalized_forward, x)
+
+    def _unnormalized_forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        return self._unnormalized(self._map(x - self.source_mean))
+
+    def _output_and_unnormalized(self, x: Tensor) -> Tensor:
+        """The forward's output and, beside it, the same before the L2 normalisation:
+        shape (n, 2 d_tgt)."""
+        raw = self._unnormalized_forward(x)
+        return torch.cat([unit_rows(raw), raw], dim=1)
+
+    def _row_invariant_call(self, run: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """``run(x)`` batch-invariantly: as it is on the CPU when the stitch is batch-invariant
+        by itself (``row_invariant``), else through
+        :func:`~lead.batch_invariance.forward_batch_invariant`."""
+        if x.device.type == "cpu" and getattr(self, ROW_INVARIANT, False):
+            return run(x)
+        return forward_batch_invariant(run, x)
 
     #: Names of :meth:`confidence_features`' columns (none by default).
     confidence_feature_names: ClassVar[tuple[str, ...]] = ()
@@ -351,10 +417,14 @@ class Stitch(nn.Module):
     def _output(self, residual: Tensor) -> Tensor:
         """The forward's output from its map's ``residual``: the output scale, the target
         mean, and unit rows when ``normalize_output``."""
+        y = self._unnormalized(residual)
+        return unit_rows(y) if self.normalize_output else y
+
+    def _unnormalized(self, residual: Tensor) -> Tensor:
+        """The output scale and the target mean applied to the map's ``residual``."""
         if self.output_scale is not None:
             residual = residual * self.output_scale
-        y = residual + self.target_mean
-        return unit_rows(y) if self.normalize_output else y
+        return residual + self.target_mean
 
 
 def unit_rows(y: Tensor) -> Tensor:
@@ -813,8 +883,10 @@ class GatedStitch(Stitch):
             return super().forward_scored(x)
         self._check_input(x)  # unpadded: batch-invariant by itself (row_invariant)
         residual, top = self._map_and_top(x - self.source_mean)
-        y = self._output(residual)
-        return (y, *self.score_confidence(x, y, features=self._features(top)))
+        raw = self._unnormalized(residual)
+        y = unit_rows(raw) if self.normalize_output else raw
+        features = self._features(top)
+        return (y, *self.score_confidence(x, y, features=features, unnormalized=raw))
 
     def _map(self, x_centred: Tensor) -> Tensor:
         return self._map_and_top(x_centred)[0]

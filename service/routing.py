@@ -372,9 +372,8 @@ def serving_copy(stitch: Stitch, device: torch.device, dtype: torch.dtype) -> St
             if not finite:
                 break
             if head is not None and not inverse:  # the confidences must hold too
-                moved = (
-                    stitch.score_confidence(x, exact)[0] - reduced.score_confidence(x, approx)[0]
-                )
+                # as served: the reduced stitch's forward and confidence of the rounded input
+                moved = stitch.forward_scored(x)[1] - reduced.forward_scored(x.to(dtype))[1]
                 drift = max(drift, float(moved.abs().max()))
     if worst >= REDUCED_PRECISION_MIN_COSINE and drift <= REDUCED_PRECISION_MAX_CONFIDENCE_DRIFT:
         return reduced  # False for NaN

@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lead._apply import stitch_input
 from lead.artifacts import load_stitch, save_stitch
+from lead.batch_invariance import forward_batch_invariant
 from lead.confidence import (
     MIN_HELD_OUT_ROWS,
     ConfidenceHead,
@@ -31,7 +33,7 @@ from lead.errors import (
 from lead.fitting import fit_stitch
 from lead.metrics import spearman_score
 from lead.migrate.translator import LocalTranslator
-from lead.stitches import Stitch
+from lead.stitches import Stitch, unit_rows
 from tests.conftest import SciFactSmall
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -261,30 +263,65 @@ def test_a_malformed_head_is_a_format_error(
         load_stitch(folder)
 
 
-def test_a_version_1_head_still_loads_and_scores_the_same(
-    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_head_still_loads_and_scores_the_output_itself(
+    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path, version: int
 ) -> None:
-    """Version 1 (before the stitch's own features) had no ``stitch_features``: none."""
+    """Version 1 (before the stitch's own features) had no ``stitch_features``; versions 1
+    and 2 scored the stitch's output itself (unit rows), version 3 the output before its
+    L2 normalisation. A file keeps the version it was fitted with, and is scored so."""
     stitch, _ = fitted
+    assert stitch.normalize_output and stitch.confidence_head is not None
+    assert stitch.confidence_head.version == 3 and stitch.confidence_head.scores_unnormalized
     folder = save_stitch(stitch, tmp_path / "s")
 
-    def to_version_1(config: dict[str, Any]) -> None:
-        assert config["confidence"].pop("stitch_features") == 0
-        config["confidence"]["version"] = 1
-        report = config["confidence"]["report"]
-        report["spearman_in_domain"] = report.pop("in_domain_spearman_score")
+    def to_older(config: dict[str, Any]) -> None:
+        config["confidence"]["version"] = version
+        if version == 1:
+            assert config["confidence"].pop("stitch_features") == 0
+            report = config["confidence"]["report"]
+            report["spearman_in_domain"] = report.pop("in_domain_spearman_score")
 
-    _corrupt(folder, to_version_1)
+    _corrupt(folder, to_older)
     old = load_stitch(folder)
-    assert old.confidence_head is not None and old.confidence_head.stitch_features == 0
+    head = old.confidence_head
+    assert head is not None and head.version == version and not head.scores_unnormalized
     # read under the current name (what GET /v1/stitches shows)
-    assert "in_domain_spearman_score" in old.confidence_head.report
-    for a, b in zip(
-        translate_with_confidence(old, pairs["Xh"]),
-        translate_with_confidence(stitch, pairs["Xh"]),
-        strict=True,
-    ):
-        assert torch.equal(a, b)
+    assert "in_domain_spearman_score" in head.report
+    y, confidence, ood = translate_with_confidence(old, pairs["Xh"])
+    x = stitch_input(stitch, pairs["Xh"])  # what the forward receives
+    with torch.inference_mode():
+        raw = stitch.forward_unnormalized(x)
+        assert not torch.allclose(raw.norm(dim=1), torch.ones(len(x)))  # not unit rows
+        as_fitted = head.score(x, y)  # the unit rows, as versions 1 and 2 were fitted on
+        assert torch.equal(confidence, as_fitted[0]) and torch.equal(ood, as_fitted[1])
+        # the same numbers scored the version-3 way differ: the version is honoured
+        assert not torch.equal(confidence, head.score(x, raw)[0])
+        # and the current head scores the unnormalised output
+        now = stitch.confidence_head.score(x, raw)[0]
+        assert torch.equal(translate_with_confidence(stitch, pairs["Xh"])[1], now)
+    resaved = json.loads((save_stitch(old, tmp_path / "again") / "config.json").read_text())
+    assert resaved["confidence"]["version"] == version
+
+
+def test_the_unnormalised_forward_is_the_output_before_its_normalisation(
+    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray]
+) -> None:
+    stitch, _ = fitted
+    x = stitch_input(stitch, pairs["Xh"])
+    with torch.inference_mode():
+        raw = stitch.forward_unnormalized(x)
+        torch.testing.assert_close(unit_rows(raw), forward_batch_invariant(stitch, x))
+        assert float(raw.norm(dim=1).std()) > 1e-3  # the norms the head reads vary
+        for i in (0, 7, 159):  # alone: the same bits
+            assert torch.equal(stitch.forward_unnormalized(x[i : i + 1]), raw[i : i + 1])
+            y = stitch.forward_scored(x[i : i + 1])[0]
+            assert torch.equal(y, forward_batch_invariant(stitch, x)[i : i + 1])
+        stitch.normalize_output = False
+        try:
+            assert torch.equal(stitch.forward_unnormalized(x), forward_batch_invariant(stitch, x))
+        finally:
+            stitch.normalize_output = True
 
 
 def test_the_card_reads_a_head_saved_before_the_score_names(

@@ -141,7 +141,7 @@ def test_the_confidence_weighs_how_close_an_input_is_to_the_memory(
     assert report["in_domain_spearman_score"] > 0.5, report
     folder = save_stitch(stitch, tmp_path / "g")
     config = json.loads((folder / "config.json").read_text())["confidence"]
-    assert (config["version"], config["stitch_features"]) == (2, 3)
+    assert (config["version"], config["stitch_features"]) == (3, 3)
     x = np.concatenate([_memory_rows(stitch), everyday["minilm"][40:]])
     want = translate_with_confidence(stitch, x)
     got = translate_with_confidence(load_stitch(folder), x)
@@ -326,7 +326,9 @@ def test_forward_scored_searches_the_memory_once(
         assert searches == [len(x)]
         assert torch.equal(y, forward_batch_invariant(stitch, x))
         apart, apart_ood = stitch.score_confidence(x, y)
-        assert len(searches) == 3  # and one each for the plain forward and the features
+        # and one each for the plain forward, the unnormalised one (the head scores it:
+        # version 3) and the features
+        assert len(searches) == 4
         torch.testing.assert_close(confidence, apart, rtol=0, atol=1e-5)
         assert torch.equal(ood, apart_ood) and not bool(ood.any())
         alone = [stitch.forward_scored(x[i : i + 1]) for i in range(len(x))]

@@ -323,8 +323,8 @@ def fit_confidence(
         together with the held-out rows, so that the confidence also ranks such inputs,
         and reported apart (``out_of_domain_spearman_score``). On rows that neither the
         stitch nor the head saw (``bench.confidence``), gated stitches calibrated on SciFact
-        documents alone ranked STS-B sentences at 0.49-0.77, calibrated on sentences as
-        well at 0.78-0.85 (documents: 0.68-0.83 against 0.64-0.73).
+        documents alone ranked STS-B sentences at 0.77-0.84, calibrated on sentences as
+        well at 0.82-0.87 (documents: 0.69-0.84 against 0.69-0.86).
     seed : int, default 0
         Seed of the bootstrap and of the folds.
     rank : int, default 64

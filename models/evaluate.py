@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from build import MODELS_DIR, STITCHES, WEIGHTED_METHODS, WEIGHTS, scifact_pairs
+from build import MODELS_DIR, OPTION_CHANGES, STITCHES, WEIGHTED_METHODS, WEIGHTS, scifact_pairs
 from safetensors.numpy import load_file
 
 from lead.crossfit import crossfit_retrieval
@@ -111,6 +111,8 @@ def main() -> None:
         (q_src, q_tgt), query_ids, qrels = test_queries(args.data, (src, tgt))
         for variant in args.methods.split(","):
             method, options = VARIANTS[variant]
+            if variant.startswith("gated"):  # the bundled stitch's own MLP size
+                options = {**options, **OPTION_CHANGES.get(stitch_id, {}).get("gated", {})}
             for regime in ("scifact", "bundled"):
                 extra, weights = _extra(pairs, regime, method in WEIGHTED_METHODS)
                 start = time.perf_counter()

@@ -70,9 +70,8 @@ FULL: dict[str, Any] = {
     # fidelity to the bound (bench/fidelity.py)
     "fid_curve_pairs": [("minilm", "mpnet"), ("minilm", "e5"), ("minilm", "pml3")],
     "fid_curve_sizes": (250, 500, 1000, 2000, 4000),
-    # gated: the bundled stitches' method, with the 512-unit MLP expert of the e5 pairs for
-    # every pair (the bundled MiniLM / mpnet ones have 2,048 units, for general sentences:
-    # in domain the gate hands nearly every document to the local stitch), and the MLP
+    # gated: the bundled stitches' method (on a bundled pair with that stitch's own options,
+    # fidelity.curve_options: 2,048 MLP units from and into MiniLM and mpnet), and the MLP
     # they replaced; one seed each
     "fid_curve_methods": {
         "ridge": {},

@@ -59,6 +59,17 @@ def bundled_method(stitch_id: str) -> tuple[str, dict[str, Any]]:
     return str(fit["method"]), dict(fit.get("options") or {})
 
 
+def curve_options(src: str, tgt: str, method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options a learning-curve row fits ``method`` with: on a bundled pair, when
+    ``method`` is the bundled stitch's, the bundled stitch's own options; else ``options``."""
+    for stitch_id, pair in BUNDLED.items():
+        if pair == (src, tgt):
+            bundled, bundled_options = bundled_method(stitch_id)
+            if bundled == method:
+                return bundled_options
+    return options
+
+
 def has_confidence() -> bool:
     """Whether this checkout has :mod:`lead.confidence` (per-vector confidence heads)."""
     return importlib.util.find_spec("lead.confidence") is not None
@@ -354,7 +365,8 @@ def run(
         for size in curve_sizes:
             for method, options in curve_methods.items():
                 for seed in range((curve_seeds_by_method or {}).get(method, curve_seeds)):
-                    args = (src, tgt, method, options, size, seed)
+                    fit_options = curve_options(src, tgt, method, options)
+                    args = (src, tgt, method, fit_options, size, seed)
                     tasks.append(("curve", learning_point, args))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:

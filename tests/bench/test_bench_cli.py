@@ -110,7 +110,7 @@ def test_fidelity_is_a_section_and_quick_is_smaller() -> None:
 
 
 def test_fidelity_methods_come_from_the_bundled_configs() -> None:
-    from bench.fidelity import BUNDLED, bundled_method
+    from bench.fidelity import BUNDLED, bundled_method, curve_options
 
     for stitch_id in BUNDLED:
         method, options = bundled_method(stitch_id)
@@ -121,4 +121,9 @@ def test_fidelity_methods_come_from_the_bundled_configs() -> None:
         assert isinstance(options, dict)
         # the learning curve's row for the bundled method fits it as the bundle did
         if method in FULL["fid_curve_methods"]:
-            assert FULL["fid_curve_methods"][method] == options, stitch_id
+            src, tgt = BUNDLED[stitch_id]
+            default = FULL["fid_curve_methods"][method]
+            assert curve_options(src, tgt, method, default) == options, stitch_id
+    # the bundles differ (a larger MLP from and into MiniLM and mpnet), and each row follows
+    assert bundled_method("minilm-to-mpnet")[1] != bundled_method("minilm-to-e5")[1]
+    assert curve_options("glove", "minilm", "gated", {"hidden_dim": 3}) == {"hidden_dim": 3}

@@ -3,6 +3,7 @@ float64 out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -85,12 +86,27 @@ def apply_stitch(
     """
     run, _, d_out = oriented(stitch, inverse=inverse)
     source = stitch_input(stitch, X, inverse=inverse)
+    return run_rows(stitch, lambda x: forward_batch_invariant(run, x), source, d_out, batch_size)
+
+
+def run_rows(
+    stitch: Stitch, run: Callable[[Tensor], Tensor], source: Tensor, d_out: int, batch_size: int
+) -> Tensor:
+    """``run`` (a batch-invariant map of ``stitch``) over ``source`` in batches of
+    ``batch_size`` rows, with ``stitch`` in ``eval`` mode under ``torch.no_grad`` (then
+    restored): float64, of shape (n, ``d_out``).
+
+    Raises
+    ------
+    NonFiniteOutputError
+        If any output is NaN or infinite.
+    """
     was_training = stitch.training
     stitch.eval()
     try:
         with torch.no_grad():
             parts = [
-                forward_batch_invariant(run, source[i : i + batch_size]).to(torch.float64)
+                run(source[i : i + batch_size]).to(torch.float64)
                 for i in range(0, source.shape[0], batch_size)
             ]
     finally:

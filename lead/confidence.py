@@ -276,22 +276,12 @@ def _outputs(stitch: Stitch, X: np.ndarray) -> np.ndarray:
     """The stitch's translations of rows already scaled, before its final L2 normalisation
     (what a head of this version scores: :meth:`~lead.stitches.Stitch.forward_unnormalized`),
     float64 numpy."""
+    from lead._apply import run_rows
+
     param = next(stitch.parameters())
-    was_training = stitch.training
-    stitch.eval()
-    try:
-        with torch.inference_mode():
-            x = torch.as_tensor(X, dtype=param.dtype, device=param.device)
-            parts = [
-                stitch.forward_unnormalized(x[i : i + _OUTPUT_ROWS]).double().cpu()
-                for i in range(0, len(x), _OUTPUT_ROWS)
-            ]
-    finally:
-        stitch.train(was_training)
-    out = torch.cat(parts) if parts else torch.zeros((0, stitch.d_tgt), dtype=torch.float64)
-    if not bool(torch.isfinite(out).all()):
-        raise NonFiniteOutputError("the stitch produced NaN or infinity from finite input")
-    return np.asarray(out.numpy())
+    x = torch.as_tensor(X, dtype=param.dtype, device=param.device)
+    out = run_rows(stitch, stitch.forward_unnormalized, x, stitch.d_tgt, _OUTPUT_ROWS)
+    return np.asarray(out.cpu().numpy())
 
 
 def fit_confidence(

@@ -266,8 +266,6 @@ class Stitch(nn.Module):
         ShapeMismatchError
             If ``x`` is not two-dimensional with ``d_src`` columns.
         """
-        if not self.normalize_output:
-            return forward_batch_invariant(self, x)
         return self._row_invariant_call(self._unnormalized_forward, x)
 
     def _unnormalized_forward(self, x: Tensor) -> Tensor:

@@ -139,10 +139,15 @@ def scifact_pairs(data: Path, src: str, tgt: str) -> dict[str, object]:
     return out
 
 
+def changed_options(stitch_id: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of candidate ``name`` with ``stitch_id``'s ``OPTION_CHANGES``."""
+    return {**options, **OPTION_CHANGES.get(stitch_id, {}).get(name, {})}
+
+
 def candidate(stitch_id: str, name: str) -> tuple[str, dict[str, Any]]:
-    """The method and options of candidate ``name`` for ``stitch_id`` (``OPTION_CHANGES``)."""
+    """The method and options of candidate ``name`` for ``stitch_id``."""
     method, options = CANDIDATES[name]
-    return method, {**options, **OPTION_CHANGES.get(stitch_id, {}).get(name, {})}
+    return method, changed_options(stitch_id, name, options)
 
 
 def fit_candidate(

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from build import MODELS_DIR, OPTION_CHANGES, STITCHES, WEIGHTED_METHODS, WEIGHTS, scifact_pairs
+from build import (
+    MODELS_DIR,
+    STITCHES,
+    WEIGHTED_METHODS,
+    WEIGHTS,
+    changed_options,
+    scifact_pairs,
+)
 from safetensors.numpy import load_file
 
 from lead.crossfit import crossfit_retrieval
@@ -112,7 +119,7 @@ def main() -> None:
         for variant in args.methods.split(","):
             method, options = VARIANTS[variant]
             if variant.startswith("gated"):  # the bundled stitch's own MLP size
-                options = {**options, **OPTION_CHANGES.get(stitch_id, {}).get("gated", {})}
+                options = changed_options(stitch_id, "gated", options)
             for regime in ("scifact", "bundled"):
                 extra, weights = _extra(pairs, regime, method in WEIGHTED_METHODS)
                 start = time.perf_counter()

@@ -288,6 +288,7 @@ def _check_out(args: argparse.Namespace) -> None:
 
 def _fit(args: argparse.Namespace) -> int:
     from lead.artifacts import STORAGE_DTYPES, save_stitch
+    from lead.confidence import note_no_confidence
 
     if not 0 <= args.holdout < 1:
         raise InvalidInputError("--holdout must be in [0, 1)", param="holdout")
@@ -335,6 +336,13 @@ def _fit(args: argparse.Namespace) -> int:
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))
     if len(test) and args.confidence:
         _attach_confidence(stitch, (X, Y), train, test, general, args.seed)
+    else:
+        note_no_confidence(
+            stitch,
+            "it was fitted with --no-confidence"
+            if len(test)
+            else "it was fitted without held-out pairs (--holdout 0)",
+        )
     save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
     _warn_below_baseline(stitch.info.scorecard)
@@ -351,7 +359,7 @@ def _attach_confidence(
 ) -> None:
     """Fit the per-vector confidence head on the held-out (and general) rows and say how
     well it ranks (or why there is none)."""
-    from lead.confidence import MIN_HELD_OUT_ROWS, fit_confidence
+    from lead.confidence import MIN_HELD_OUT_ROWS, fit_confidence, note_no_confidence
 
     X, Y = pairs
     try:
@@ -368,6 +376,7 @@ def _attach_confidence(
     except TooFewPairsError as error:
         held = error.got == len(test) and error.minimum == MIN_HELD_OUT_ROWS
         hint = "raise --holdout" if held else "give more training pairs"
+        note_no_confidence(stitch, str(error))
         sys.stderr.write(f"note: no confidence head ({error}); {hint} to get one\n")
         return
     general_part = (

@@ -96,6 +96,8 @@ __all__ = [
     "fit_confidence",
     "head_from_config",
     "head_rows_problem",
+    "no_confidence_reason",
+    "note_no_confidence",
     "translate_with_confidence",
 ]
 
@@ -499,7 +501,9 @@ def attach_confidence(
     Y_general: Any = None,
     seed: int = 0,
 ) -> dict[str, Any] | None:
-    """:func:`fit_confidence` when there are enough rows, else nothing (``lead fit``, jobs).
+    """:func:`fit_confidence` when there are enough rows, else no head and the reason in
+    ``stitch.info.fit["no_confidence"]`` (saved in ``config.json``: the service's 422
+    ``no_confidence`` quotes it). For jobs and ``lead migrate calibrate``.
 
     Returns
     -------
@@ -513,7 +517,7 @@ def attach_confidence(
         Fewer general rows than :data:`MIN_HELD_OUT_ROWS` (asked for, so not skipped).
     """
     try:
-        return fit_confidence(
+        report = fit_confidence(
             stitch,
             X_train,
             Y_train,
@@ -523,10 +527,31 @@ def attach_confidence(
             Y_general=Y_general,
             seed=seed,
         )
+        stitch.info.fit.pop(NO_CONFIDENCE_KEY, None)
+        return report
     except TooFewPairsError as error:
         if error.param == "X_general":
             raise
+        note_no_confidence(stitch, str(error))
         return None
+
+
+#: The key of ``StitchInfo.fit`` that says why a stitch has no confidence head.
+NO_CONFIDENCE_KEY = "no_confidence"
+
+
+def note_no_confidence(stitch: Stitch, reason: str) -> None:
+    """Record in ``stitch.info.fit`` why it has no confidence head (``reason``, one
+    sentence), and drop any head it had."""
+    stitch.confidence_head = None
+    stitch.info.fit[NO_CONFIDENCE_KEY] = reason
+
+
+def no_confidence_reason(stitch: Stitch) -> str | None:
+    """Why ``stitch`` has no confidence head, as its fit recorded it, or None."""
+    fit = stitch.info.fit
+    reason = fit.get(NO_CONFIDENCE_KEY) if isinstance(fit, dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 def _as_numpy(Y: Any, name: str, rows: int, dim: int) -> np.ndarray:

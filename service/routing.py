@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lead.batch_invariance import forward_batch_invariant
+from lead.confidence import no_confidence_reason
 from lead.errors import (
     NoConfidenceError,
     NonFiniteOutputError,
@@ -199,10 +200,13 @@ class Route:
         forward direction has one."""
         if self.inverse:
             return "a confidence is given for the forward direction only"
-        missing = [e.id for e in self.entries if e.stitch.confidence_head is None]
+        missing = [e for e in self.entries if e.stitch.confidence_head is None]
         if missing:
+            reason = no_confidence_reason(missing[0].stitch)
             return (
-                f"stitch {missing[0]} has no confidence head (it was fitted without "
+                f"stitch {missing[0].id} has no confidence head: {reason}"
+                if reason is not None
+                else f"stitch {missing[0].id} has no confidence head (it was fitted without "
                 "held-out pairs, or before LEAD gave confidences); refit it with `lead fit`"
             )
         return None

@@ -246,7 +246,8 @@ class StitchSummary(BaseModel):
         "Spearman correlation between its confidence and the true cosine on held-out pairs "
         "(`in_domain_spearman_score`; `out_of_domain_spearman_score` on general text kept out "
         "of training, when the fit held some out), and how the head was calibrated; null when "
-        "the stitch has no confidence head (422 `no_confidence`).",
+        "the stitch has no confidence head (422 `no_confidence`; why: `fit.no_confidence` in "
+        "GET /v1/stitches/{id}, when the fit recorded it).",
     )
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")

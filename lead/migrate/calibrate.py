@@ -7,7 +7,9 @@ the source store's (:func:`~lead.migrate._pairs.paired_sample`), part of them is
 ``lead fit`` (:func:`lead.fitting.fit_stitch`) and scored on the held-out pairs
 (:func:`lead.scorecard.score_stitch`: R², cosine, top-1, the baselines; with queries,
 retrieval of the held-out documents against the bound,
-:func:`~lead.migrate.quality.retrieval_against_bound`). The thresholds of
+:func:`~lead.migrate.quality.retrieval_against_bound`), and a confidence head is calibrated
+on them for ``apply --confidence-column`` (:func:`lead.confidence.attach_confidence`; with
+fewer than 50 held-out pairs none, the reason in ``fit.no_confidence``). The thresholds of
 :mod:`lead.migrate.quality` decide go / no-go. The stitch is saved either way
 (:func:`lead.artifacts.save_stitch`), with the scorecard, the held-out ids, the ids it was
 fitted on and the decision in its ``config.json``, so a no-go can be inspected, refitted or
@@ -29,6 +31,7 @@ import numpy as np
 from lead._apply import apply_stitch
 from lead._options import MAX_SEED, check_float_option, check_int_option
 from lead.artifacts import CONFIG_FILE, read_stitch_config, save_stitch
+from lead.confidence import attach_confidence
 from lead.errors import ConflictError, InvalidInputError, StitchFormatError
 from lead.fitting import check_method_options, fit_stitch
 from lead.migrate._pairs import paired_sample
@@ -271,6 +274,9 @@ def run_calibrate(
             source_queries=queries.source_queries,
         )
     card = score_stitch(stitch, X[test], Y[test], target_train_mean=train_mean, retrieval=data)
+    # a confidence per vector (``lead migrate apply --confidence-column``), calibrated on the
+    # held-out pairs as ``lead fit`` and jobs do; with too few of them, the reason instead
+    confidence = attach_confidence(stitch, X[train], Y[train], X[test], Y[test], seed=seed)
     retrieval = None
     if queries is not None:
         translated = apply_stitch(stitch, X[test]).cpu().numpy()
@@ -289,6 +295,7 @@ def run_calibrate(
         "decision": "go" if passed else "no-go",
         "checks": [c.as_dict() for c in checks],
         "retrieval": retrieval,
+        "confidence": confidence,
         "fitted_ids": train_ids,
     }
     save_stitch(stitch, out, overwrite=force)

@@ -26,6 +26,7 @@ registers a successful stitch in the server (when ``result.served``) and marks t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -210,7 +211,12 @@ def run_job(
         ``"failed"`` or ``"cancelled"`` (already stored).
     """
     from lead.artifacts import save_stitch
-    from lead.confidence import attach_confidence
+    from lead.confidence import (
+        MIN_HELD_OUT_ROWS,
+        attach_confidence,
+        no_confidence_reason,
+        note_no_confidence,
+    )
     from lead.fitting import fit_stitch
     from lead.scorecard import score_stitch
     from lead.splits import holdout_split
@@ -252,7 +258,7 @@ def run_job(
         ).to_dict()
         stitch.info.scorecard = card
         stitch.info.fit["holdout_fraction"] = request["holdout_fraction"]
-        attach_confidence(  # per-vector confidence, calibrated on the held-out rows
+        report = attach_confidence(  # per-vector confidence, calibrated on the held-out rows
             stitch,
             data.source[train_idx],
             Y_train,
@@ -260,6 +266,15 @@ def run_job(
             data.target[test_idx],
             seed=request["seed"],
         )
+        if report is None and len(test_idx) < MIN_HELD_OUT_ROWS:
+            share = request["holdout_fraction"]
+            fewest = math.ceil(MIN_HELD_OUT_ROWS / share) if share > 0 else None
+            hint = f"send at least {fewest} pairs or " if fewest else ""
+            note_no_confidence(
+                stitch,
+                f"{no_confidence_reason(stitch)} (the job held out {share:g} of its "
+                f"{len(data.source)} pairs; {hint}raise holdout_fraction)",
+            )
         progress("saving", 0, 1)
         progress.check()
         with layout.scratch(f"stitch-{job.stitch_id}") as scratch:

@@ -456,6 +456,13 @@ def test_fit_without_confidence_or_with_too_few_held_out_rows(
     assert "no confidence head (a confidence head needs at least 50 held-out pairs, got 40)" in err
     assert "raise --holdout" in err
     assert load_stitch(tmp_path / "few").confidence_head is None
+    # the reason goes with the stitch (the service's 422 no_confidence quotes it)
+    reasons = {
+        "off": "it was fitted with --no-confidence",
+        "few": "a confidence head needs at least 50 held-out pairs, got 40",
+    }
+    for name, reason in reasons.items():
+        assert load_stitch(tmp_path / name).info.fit["no_confidence"] == reason
 
 
 def test_translate_writes_confidences_beside_the_same_vectors(

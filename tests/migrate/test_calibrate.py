@@ -81,6 +81,28 @@ def test_real_pairs_give_go_and_a_saved_stitch(minilm_table, scifact_small, tmp_
     assert config["source"]["model"] == "all-MiniLM-L6-v2"
     stitch = load_stitch(tmp_path / "stitch")
     assert (stitch.d_src, stitch.d_tgt) == (384, 768)
+    # a confidence per vector for `apply --confidence-column`, calibrated on the 60 held out
+    assert stitch.confidence_head is not None and "no_confidence" not in fit
+    report = fit["calibration"]["confidence"]
+    assert report == stitch.confidence_head.report == config["confidence"]["report"]
+    assert (report["held_out_rows"], report["train_rows"]) == (60, 240)
+    assert report["in_domain_spearman_score"] > 0.3
+
+
+def test_too_few_held_out_pairs_give_no_confidence_head_and_say_why(
+    minilm_table, scifact_small, tmp_path
+):
+    ids = doc_ids(scifact_small)[NATIVE_ROWS]
+    native = write_parquet(
+        tmp_path / "mpnet.parquet", ids, scifact_small.corpus["mpnet"][NATIVE_ROWS]
+    )
+    result = run_calibrate(minilm_table, native, tmp_path / "stitch", holdout=0.1)  # 30 held out
+    assert result.passed, [c.message() for c in result.checks]
+    assert result.fit["calibration"]["confidence"] is None
+    assert "at least 50 held-out pairs, got 30" in result.fit["no_confidence"]
+    stitch = load_stitch(tmp_path / "stitch")
+    assert stitch.confidence_head is None
+    assert stitch.info.fit["no_confidence"] == result.fit["no_confidence"]
 
 
 def test_shuffled_pairing_is_no_go(minilm_table, scifact_small, tmp_path):

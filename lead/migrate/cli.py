@@ -290,6 +290,8 @@ def _verify(args: argparse.Namespace) -> int:
     from lead.migrate.verify import run_verify
 
     excluded = fitted_ids(args.stitch) if args.stitch else None
+    # R² against the mean the stitch was fitted towards, as calibrate scored it
+    train_mean = _stitch_target_mean(args.stitch) if args.stitch else None
     result = run_verify(
         args.target,
         args.native,
@@ -301,9 +303,17 @@ def _verify(args: argparse.Namespace) -> int:
         report_dir=args.report,
         junit=args.junit,
         exclude_ids=excluded,
+        target_train_mean=train_mean,
     )
     _print(result.as_dict())
     return int(result.exit_code)
+
+
+def _stitch_target_mean(folder: str) -> Any:
+    """The training mean of the target vectors of the stitch in ``folder`` (float64 array)."""
+    from lead.artifacts import load_stitch
+
+    return load_stitch(folder).target_mean.detach().double().cpu().numpy()
 
 
 def add_migrate_commands(commands: Any) -> None:

@@ -72,6 +72,10 @@ def histogram_bins(cosines: np.ndarray) -> tuple[int, tuple[float, float]]:
     return 1, (middle - ONE_BAR_WIDTH / 2, middle + ONE_BAR_WIDTH / 2)
 
 
+#: Why a report has no cosine histogram.
+NO_PLOT = "no cosine.png: matplotlib is not installed (pip install 'lead-stitch[migrate]')"
+
+
 def plot_cosines(path: Path, cosines: np.ndarray, *, threshold: float | None = None) -> Path | None:
     """A histogram of per-vector cosines (translated against native), as PNG.
 
@@ -165,7 +169,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         "",
         "## Checks",
         "",
-        _row(["threshold", "figure", "value", "", "threshold", "origin", "result"]),
+        _row(["check", "figure", "value", "operator", "threshold", "origin", "result"]),
         _row(["---"] * 7),
     ]
     for c in report["checks"]:
@@ -193,8 +197,20 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"Per-vector cosine: mean {_num(cos['mean'])}, 5th percentile {_num(cos['p5'])}, "
         f"median {_num(cos['p50'])}, min {_num(cos['min'])}.",
     ]
+    reference = report.get("r2_reference")
+    if reference is not None:
+        lines += [
+            "",
+            "R² is measured against the mean of the native vectors the stitch was fitted "
+            "towards (as calibrate measures it)."
+            if reference == "target_train_mean"
+            else "R² is measured against the sample's own mean (the mean estimator scores 0); "
+            "`--stitch` measures it against the stitch's training mean, as calibrate does.",
+        ]
     if report["files"].get("plot"):
         lines += ["", f"![cosine histogram]({report['files']['plot']})"]
+    elif report["files"].get("plot_missing"):
+        lines += ["", f"({report['files']['plot_missing']})"]
     retrieval = report.get("retrieval")
     if retrieval is not None:
         lines += _retrieval_lines(retrieval)

@@ -39,7 +39,7 @@ import numpy as np
 from lead._metric_inputs import MIN_PAIRS, _pair, _unit_rows
 from lead._options import MAX_SEED, check_int_option
 from lead._version import __version__
-from lead.errors import InvalidInputError, ShapeMismatchError
+from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError
 from lead.migrate._pairs import paired_sample
 from lead.migrate.quality import (
     Check,
@@ -50,7 +50,14 @@ from lead.migrate.quality import (
     retrieval_against_bound,
 )
 from lead.migrate.registry import open_source
-from lead.migrate.report import junit_xml, markdown_report, plot_cosines, write_json, write_text
+from lead.migrate.report import (
+    NO_PLOT,
+    junit_xml,
+    markdown_report,
+    plot_cosines,
+    write_json,
+    write_text,
+)
 from lead.migrate.stores import Source
 from lead.scorecard import core_scores
 
@@ -98,10 +105,12 @@ def _cosines(native: np.ndarray, translated: np.ndarray) -> np.ndarray:
 
 
 def _figures(
-    ids: list[str], native: np.ndarray, translated: np.ndarray
+    ids: list[str], native: np.ndarray, translated: np.ndarray, mean: np.ndarray | None
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any], np.ndarray]:
-    """Core scores, the mean-estimator's, the cosine distribution and the cosines."""
-    mean = native.astype(np.float64).mean(axis=0)
+    """Core scores, the mean-estimator's (``mean``, else the sample's own), the cosine
+    distribution and the cosines."""
+    if mean is None:
+        mean = native.astype(np.float64).mean(axis=0)
     scores = core_scores(native, translated, target_train_mean=mean)
     baseline = core_scores(native, np.tile(mean, (len(native), 1)), target_train_mean=mean)
     cosines = _cosines(native, translated)
@@ -114,6 +123,21 @@ def _figures(
         "worst": [{"id": ids[i], "cosine": float(cosines[i])} for i in worst],
     }
     return scores, baseline, distribution, cosines
+
+
+def _train_mean(mean: Any, native: np.ndarray) -> np.ndarray:
+    """``target_train_mean`` as float64 of shape ``(d,)``, finite, ``d`` the native one's."""
+    out = np.asarray(mean, dtype=np.float64)
+    if out.shape != (native.shape[1],):
+        raise ShapeMismatchError(
+            f"target_train_mean must have shape ({native.shape[1]},), got {out.shape}",
+            expected=native.shape[1],
+            got=out.shape,
+            param="target_train_mean",
+        )
+    if not np.isfinite(out).all():
+        raise NonFiniteError("target_train_mean holds NaN or infinity", param="target_train_mean")
+    return out
 
 
 def _vectors(store: Source) -> int:
@@ -172,6 +196,7 @@ def run_verify(
     junit: str | Path | None = None,
     exclude_ids: Sequence[str] | None = None,
     complete: bool = True,
+    target_train_mean: Any = None,
 ) -> VerifyResult:
     """Sample ids, compare translated with native vectors, check thresholds, write a report.
 
@@ -206,6 +231,11 @@ def run_verify(
         With ``source``: check that the target holds one vector per source row with a
         vector (:func:`~lead.migrate.quality.completeness_check`); False skips it (a target
         migrated from part of the source).
+    target_train_mean : array of shape (d,), optional
+        The mean of the native vectors the stitch was fitted towards (its ``target_mean``):
+        the mean estimator predicts it and R² is measured against it, as ``calibrate`` and
+        ``lead score`` measure them, so a calibrated stitch's held-out ids give the same
+        figures here. None: the sample's own mean (the mean estimator then scores R² 0).
 
     Returns
     -------
@@ -230,10 +260,11 @@ def run_verify(
 
     Notes
     -----
-    R² (:func:`lead.metrics.r2_score`) takes the mean of the sampled native vectors as
-    its reference, so the mean estimator scores 0; top-1 and mean rank are among the
-    sampled native vectors (chance: ``1 / n`` and ``(n + 1) / 2``). Retrieval follows BEIR
-    [1]_ (:func:`lead.retrieval.retrieval_scores`) over the sampled documents only.
+    R² (:func:`lead.metrics.r2_score`) takes ``target_train_mean``, else the mean of the
+    sampled native vectors, as its reference (the mean estimator then scores 0); top-1 and
+    mean rank are among the sampled native vectors (chance: ``1 / n`` and
+    ``(n + 1) / 2``). Retrieval follows BEIR [1]_ (:func:`lead.retrieval.retrieval_scores`)
+    over the sampled documents only.
 
     Native vectors of the ids the stitch was fitted on flatter every figure (a calibrated
     ridge on 240 SciFact pairs: cosine 0.90 on its training ids, 0.70 on held-out ones):
@@ -288,7 +319,8 @@ def run_verify(
             if complete:
                 first.append(completeness_check(_vectors(stores[0]), _vectors(src)))
     translated, native_vectors = paired.vectors[0], paired.vectors[1]
-    scores, baseline, cosine, cosines = _figures(paired.ids, native_vectors, translated)
+    mean = None if target_train_mean is None else _train_mean(target_train_mean, native_vectors)
+    scores, baseline, cosine, cosines = _figures(paired.ids, native_vectors, translated, mean)
     retrieval = None
     if queries is not None:
         retrieval = retrieval_against_bound(
@@ -326,6 +358,7 @@ def run_verify(
         "checks": [c.as_dict() for c in checks],
         "scores": scores,
         "baselines": {"mean_estimator": baseline},
+        "r2_reference": "sample mean" if mean is None else "target_train_mean",
         "cosine": cosine,
         "retrieval": retrieval,
     }
@@ -353,6 +386,8 @@ def _write(
         "plot": None if plot is None else PLOT_FILE,
         "junit": None if junit is None else str(junit),
     }
+    if plot is None:
+        report["files"]["plot_missing"] = NO_PLOT
     files = {
         "json": write_json(folder / JSON_FILE, report),
         "markdown": write_text(folder / MARKDOWN_FILE, markdown_report(report)),

@@ -4,6 +4,7 @@ into a new table, against mpnet vectors of 300 ids in Parquet."""
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from lead import migrate
-from lead.artifacts import read_stitch_config
+from lead.artifacts import load_stitch, read_stitch_config
 from lead.errors import (
     InvalidInputError,
     NonFiniteError,
@@ -21,7 +22,7 @@ from lead.errors import (
 from lead.migrate._pairs import paired_sample
 from lead.migrate.calibrate import fitted_ids, run_calibrate
 from lead.migrate.registry import open_source
-from lead.migrate.report import ONE_BAR_WIDTH, histogram_bins
+from lead.migrate.report import NO_PLOT, ONE_BAR_WIDTH, histogram_bins
 from lead.migrate.stores import with_params
 from lead.migrate.verify import run_verify
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
@@ -173,6 +174,26 @@ def test_fitted_ids_are_never_sampled_and_the_figures_drop(migrated, scifact_sma
     assert cosine < flattered.report["scores"]["mean_cosine_similarity"]
     assert honest.report["retrieval"]["queries"] > 0
     assert "240 excluded ids" in (tmp_path / "honest" / "report.md").read_text()
+    # against the stitch's training mean, the held-out figures are calibrate's own
+    card = read_stitch_config(migrated["stitch"])["scorecard"]
+    train_mean = load_stitch(migrated["stitch"]).target_mean.double().numpy()
+    same = run_verify(
+        **common, exclude_ids=fitted, report_dir=tmp_path / "same", target_train_mean=train_mean
+    )
+    assert same.report["r2_reference"] == "target_train_mean"
+    assert honest.report["r2_reference"] == "sample mean"
+    assert honest.report["baselines"]["mean_estimator"]["r2_score"] == 0.0
+    for name in ("r2_score", "mean_cosine_similarity", "top1_accuracy_score"):
+        assert same.report["scores"][name] == pytest.approx(card[name], abs=1e-6)
+        calibrated = card["baselines"]["mean_estimator"][name]
+        assert same.report["baselines"]["mean_estimator"][name] == pytest.approx(
+            calibrated, abs=1e-6
+        )
+    assert same.report["scores"]["r2_score"] != pytest.approx(
+        honest.report["scores"]["r2_score"], abs=1e-4
+    )
+    with pytest.raises(ShapeMismatchError, match="target_train_mean"):
+        run_verify(**common, report_dir=tmp_path / "bad", target_train_mean=train_mean[:5])
 
 
 @pytest.mark.parametrize(("native", "n"), [("native", 1000), ("native", 30), ("more", 1000)])
@@ -218,6 +239,20 @@ def test_identical_target_and_native_pass_with_a_plot(mpnet_file, tmp_path):
     assert result.passed and result.exit_code == 0, [c.message() for c in result.checks]
     assert result.report["cosine"]["min"] == pytest.approx(1.0)
     assert (tmp_path / "r" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "| check | figure | value | operator | threshold | origin | result |" in markdown
+    assert "against the sample's own mean" in markdown
+
+
+def test_without_matplotlib_the_report_says_why_it_has_no_plot(mpnet_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    result = run_verify(mpnet_file, mpnet_file, report_dir=tmp_path / "r")
+    assert result.passed
+    files = result.report["files"]
+    assert files["plot"] is None and files["plot_missing"] == NO_PLOT
+    assert "lead-stitch[migrate]" in NO_PLOT
+    assert not (tmp_path / "r" / "cosine.png").exists()
+    assert NO_PLOT in (tmp_path / "r" / "report.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,11 @@ from typing import Any
 
 from lead.errors import InvalidInputError
 
-__all__ = ["check_float_option", "check_int_option", "parse_option_items"]
+__all__ = ["FIT_METHODS_HELP", "check_float_option", "check_int_option", "parse_option_items"]
+
+#: The fitting methods as the command lines list them (:data:`lead.fitting.METHODS` without
+#: its aliases; a test keeps the two in step).
+FIT_METHODS_HELP = "ridge | procrustes | mlp | invertible | anchors | unsupervised | local | gated"
 
 
 def parse_option_items(items: Sequence[str]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lead._options import parse_option_items
+from lead._options import FIT_METHODS_HELP, parse_option_items
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -600,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--method",
         default="ridge",
-        help="ridge | procrustes | mlp | invertible | anchors | unsupervised | local | gated",
+        help=FIT_METHODS_HELP,
     )
     fit.add_argument(
         "--calibrate-variance",

@@ -287,10 +287,13 @@ class StitchRegistry:
         """The direct stitch from ``source_model`` to ``target_model``, else the shortest chain.
 
         Breadth-first search over the model graph (an edge per stitch), so a chain has the
-        fewest stitches possible. Among stitches joining the same models (:meth:`StitchEntry.
-        preference`): configured stitches (bundled, local folders, Hub) before those trained
-        by jobs, so training a job never silently takes over requests that name models (a
-        job's stitch is addressed by its id); then the best held-out R²; then the newest.
+        fewest stitches possible. Configured stitches (bundled, local folders, Hub) are
+        searched first, alone: a route made of them, direct or a chain, is kept even when a
+        job's stitch joins the two models directly, so training a job never silently takes
+        over requests that name models (a job's stitch is addressed by its id, or by models
+        where no configured route exists, or with ``strict`` where only a configured chain
+        does). Among stitches joining the same models (:meth:`StitchEntry.preference`):
+        configured before job-trained, then the best held-out R², then the newest.
 
         Raises
         ------
@@ -308,7 +311,12 @@ class StitchRegistry:
         with self._lock:
             entries = sorted(self._entries.values(), key=StitchEntry.preference)
             still_loading = bool(self._pending)
-        path = shortest_chain(entries, source_model, target_model)
+        configured = [e for e in entries if e.origin != "job"]
+        path = shortest_chain(configured, source_model, target_model)
+        if path is None or (strict and len(path) > 1):
+            widest = shortest_chain(entries, source_model, target_model)
+            if widest is not None and (path is None or len(widest) == 1):
+                path = widest
         if path is None:
             if still_loading:
                 raise NotReadyError("stitches are still loading; no route between those models yet")

@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from lead._options import FIT_METHODS_HELP
 from lead.errors import InvalidInputError
 
 __all__ = ["add_migrate_commands"]
@@ -382,7 +383,7 @@ def add_migrate_commands(commands: Any) -> None:
     calibrate.add_argument(
         "--method",
         default="ridge",
-        help="ridge | procrustes | mlp | invertible | anchors (as lead fit)",
+        help=f"{FIT_METHODS_HELP} (as lead fit)",
     )
     calibrate.add_argument(
         "--option",

@@ -1,4 +1,4 @@
-"""The bench stays importable and its command line parses (no benchmark runs here)."""
+"""The bench stays importable and its command line parses; bench.idle measures a little."""
 
 from __future__ import annotations
 
@@ -127,3 +127,17 @@ def test_fidelity_methods_come_from_the_bundled_configs() -> None:
     # the bundles differ (a larger MLP from and into MiniLM and mpnet), and each row follows
     assert bundled_method("minilm-to-mpnet")[1] != bundled_method("minilm-to-e5")[1]
     assert curve_options("glove", "minilm", "gated", {"hidden_dim": 3}) == {"hidden_dim": 3}
+
+
+def test_idle_measures_every_kind_at_every_gap_against_the_bundled_stitch() -> None:
+    import asyncio
+
+    from bench.idle import _measure
+
+    measured = asyncio.run(_measure((0.0, 1.0), 3, 1))
+    assert set(measured) == {"healthz", "translate", "forward"}
+    for kind in measured.values():
+        assert set(kind) == {"gap_0_ms", "gap_1_ms"}
+        assert kind["gap_0_ms"]["ratio_to_no_gap"] == 1.0
+        for gap in kind.values():
+            assert gap["p50_us"] > 0 and gap["p99_us"] >= gap["p50_us"]

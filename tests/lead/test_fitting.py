@@ -334,3 +334,11 @@ def test_normalisation_follows_the_data() -> None:
     assert r2_score(Y, pred, reference_mean=Y.mean(axis=0)) > 0.999
     unit = X / np.linalg.norm(X, axis=1, keepdims=True)
     assert fit_stitch(unit, unit @ Q.T, "procrustes").normalize_output  # unit rows: as before
+
+
+def test_the_command_lines_list_every_fitting_method_once() -> None:
+    from lead._options import FIT_METHODS_HELP
+    from lead.fitting import METHODS as FITTING_METHODS
+
+    listed = FIT_METHODS_HELP.split(" | ")
+    assert listed == list(dict.fromkeys(FITTING_METHODS.values()))

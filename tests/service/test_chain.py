@@ -156,3 +156,29 @@ def test_an_unknown_id_lists_a_bounded_number_of_served_ones() -> None:
     message = str(info.value)
     assert "job-00" in message and "job-19" in message and "job-20" not in message
     assert "and 5 more (GET /v1/stitches lists them)" in message
+
+
+def test_a_jobs_direct_stitch_never_takes_over_a_configured_chain(
+    make_client: Any, fitted: Any, queries: Any
+) -> None:
+    """Models served through a chain of configured stitches keep that chain when a job
+    trains a direct stitch between them (an adversarial pass found requests silently moved
+    to a worse job stitch); the job's stitch answers by its id, and with strict."""
+    from lead.artifacts import load_stitch
+
+    client = make_client(["minilm-to-pml3", "pml3-to-mpnet"])
+    x = queries["minilm"][:3]
+    chain = ["minilm-to-pml3", "pml3-to-mpnet"]
+    before = client.post("/v1/translate", json=_by_models(fitted, x))
+    assert before.json()["stitch"]["chain"] == chain
+    registry = client.app.state.registry
+    registry.register("job-direct", load_stitch(fitted.folder("minilm-to-mpnet")), origin="job")
+    after = client.post("/v1/translate", json=_by_models(fitted, x))
+    assert after.status_code == 200, after.text
+    assert after.json()["stitch"]["chain"] == chain
+    assert embeddings(after.json()).tobytes() == embeddings(before.json()).tobytes()
+    strict = client.post("/v1/translate", json=_by_models(fitted, x, strict=True))
+    assert strict.status_code == 200, strict.text
+    assert strict.json()["stitch"]["id"] == "job-direct"
+    by_id = client.post("/v1/translate", json={"stitch": "job-direct", "input": b64(x)})
+    assert by_id.json()["stitch"]["id"] == "job-direct"

@@ -162,6 +162,10 @@ class DecodeError(InvalidInputError):
     """Bytes (base64, a file) that do not decode to the expected vectors."""
 
 
+class InvalidJSONError(InvalidInputError):
+    """A request body that is not JSON."""
+
+
 class NotInvertibleError(InvalidInputError):
     """The inverse direction was asked of a stitch that is not invertible."""
 

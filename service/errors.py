@@ -67,6 +67,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.LeadError: ErrorKind(400, _INVALID, "invalid_request"),
     le.InvalidInputError: ErrorKind(400, _INVALID, "invalid_input"),
     le.DecodeError: ErrorKind(400, _INVALID, "decode_error"),
+    le.InvalidJSONError: ErrorKind(400, _INVALID, "invalid_json"),
     le.NotInvertibleError: ErrorKind(422, _INVALID, "not_invertible"),
     le.NoConfidenceError: ErrorKind(422, _INVALID, "no_confidence"),
     le.ModelMismatchError: ErrorKind(422, _INVALID, "model_mismatch"),

@@ -206,6 +206,12 @@ class StitchRegistry:
         with self._lock:
             return [self._entries[k] for k in sorted(self._entries)]
 
+    def largest_dim(self) -> int:
+        """The largest input dimension of any served stitch, either direction (0: none)."""
+        with self._lock:
+            stitches = [e.stitch for e in self._entries.values()]
+        return max((max(s.d_src, s.d_tgt) for s in stitches), default=0)
+
     def check_confidence(self, route: Route) -> None:
         """Refuse ``route`` for ``"return_confidence"`` unless every stitch on it has a
         confidence head, naming a stitch that joins the same two models with one.

@@ -5,7 +5,8 @@
 strict Struct (:class:`TranslateBody`): the JSON syntax, unknown and missing fields, the
 type of every field and of every value in ``input`` (no boolean, string or ``null`` among
 the numbers), the rule that names the stitch and the number of vectors are all the
-decoder's; no byte of the body is scanned by hand. Then the stitch is looked up and the
+decoder's; no byte of the body is scanned by hand (but for the counts below, of large or
+refused bodies only). Then the stitch is looked up and the
 vectors become one array (:func:`service.encoding.decode_vectors`: base64 strings joined and
 decoded in one pybase64 call, float arrays through NumPy; the dimension and finiteness
 checked). :class:`service.schemas.TranslateRequest` documents the same body in the OpenAPI
@@ -28,6 +29,12 @@ stitch, the number of vectors, each vector. A plain parse builds every item (the
 above with a ``NaN`` up front: 2.9 s and 1.4 GB in the standard library), so it comes after
 :func:`service.limits.refuse_too_many_vectors` (a count of brackets and quotes, on refused
 bodies only), which refuses such a body in tens of milliseconds.
+
+The vectors' length is checked after the decode, which builds every number first: a body
+larger than a few dozen bytes a vector has its commas counted before it is decoded
+(:func:`service.limits.refuse_too_many_numbers`: more numbers than ``max_vectors`` vectors
+of the largest served dimension can hold is a 422 ``limit_exceeded`` in milliseconds, not
+a second of decoding that holds every other request).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from pydantic import ValidationError
 
 from lead.errors import InvalidInputError
 from service.encoding import EncodingFormat, check_vector_count, decode_vectors
-from service.limits import VectorLimit, refuse_too_many_vectors
+from service.limits import VectorLimit, refuse_too_many_numbers, refuse_too_many_vectors
 from service.registry import StitchRegistry
 from service.routing import Route
 from service.schemas import TranslateOptions, stitch_naming_error
@@ -174,6 +181,11 @@ def decode_request(
     DecodeError, ShapeMismatchError, NonFiniteError
         As :func:`~service.encoding.decode_vectors`, naming ``input[i]``.
     """
+    if len(body) > _NUMBERS_COUNTED_FROM * max_vectors:  # a few numbers a vector at least
+        dim = registry.largest_dim()
+        if dim:  # (none served: the route's error follows)
+            limit = VectorLimit(max_vectors, "input", "in one request")
+            refuse_too_many_numbers(body, limit, dim)
     try:
         request = decode_body(body, max_vectors)
     except (msgspec.MsgspecError, RecursionError):
@@ -229,6 +241,10 @@ def _refuse_bad_fields(body: bytes) -> None:
             return  # the plain parse that follows names it
     check_options(fields)
 
+
+#: Bodies of more bytes than this many per allowed vector have their numbers counted
+#: (:func:`service.limits.refuse_too_many_numbers`, which counts only beyond 2 bytes a value).
+_NUMBERS_COUNTED_FROM = 64
 
 #: The longest JSON value an option may have (a Hub id ``org/name@revision`` is far shorter).
 _MAX_OPTION_BYTES = 4096

@@ -402,3 +402,45 @@ def test_a_gzip_body_of_many_members_is_refused_at_once(make_client: Any, querie
     assert r.status_code == 400, r.text
     assert f"more than {MAX_GZIP_MEMBERS} members" in r.json()["error"]["message"]
     assert client.post("/v1/translate", content=few, headers=headers).status_code == 200
+
+
+def test_a_small_body_of_one_huge_vector_is_refused_before_it_is_decoded(
+    make_client: Any, queries: Any
+) -> None:
+    """54 KB of gzip held one vector of 14 million numbers: decoding it held every other
+    request for a second before its 422 (an adversarial pass). The numbers are counted
+    first: more than max_vectors vectors of the largest served dimension can hold."""
+    client = make_client()
+    limits = client.get("/v1/info").json()["limits"]
+    numbers = limits["max_vectors_per_request"] * 800  # 768 is the largest served dimension
+    body = b'{"stitch":"minilm-to-mpnet","input":[[' + b",".join([b"0.1"] * numbers) + b"]]}"
+    headers = {"content-type": "application/json"}
+    for content, extra in ((body, {}), (gzip.compress(body), {"content-encoding": "gzip"})):
+        start = time.perf_counter()
+        r = client.post("/v1/translate", content=content, headers={**headers, **extra})
+        took = time.perf_counter() - start
+        assert r.status_code == 422, r.text[:300]
+        error = r.json()["error"]
+        assert error["code"] == "limit_exceeded" and error["param"] == "input"
+        assert "too many numbers" in error["message"] and "768" in error["message"]
+        assert took < 5  # refused by a count, not after a decode of every number
+    # the next request is served; a large legitimate float body still decodes
+    x = queries["minilm"][:64].tolist()
+    for n in (1, 64):
+        r = client.post("/v1/translate", json={"stitch": "minilm-to-mpnet", "input": x[:n]})
+        assert r.status_code == 200, r.text[:300]
+    wide = {"stitch": "minilm-to-mpnet", "input": [[0.1] * 769]}  # one number too many
+    r = client.post("/v1/translate", json=wide)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "shape_mismatch"
+
+
+@pytest.mark.parametrize("body", [b"xx" + b'""' * 3000, b'"' * 5000, b"[" * 5000])
+def test_a_body_that_is_not_json_is_invalid_json_before_any_count(
+    make_client: Any, body: bytes
+) -> None:
+    """The counts of brackets and quotes ran before the body was known to be JSON: such a
+    body got 422 limit_exceeded instead of 400 invalid_json (an adversarial pass)."""
+    client = make_client(max_vectors=4)
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["code"] == "invalid_json"

@@ -287,6 +287,22 @@ def test_too_many_rows_across_batches(make_client: Any, queries: Any) -> None:
     assert r.status_code == 422 and r.json()["error"]["code"] == "limit_exceeded"
 
 
+def test_a_stream_of_too_many_batches_is_refused(client: TestClient, queries: Any) -> None:
+    """Every batch costs a read whatever its rows: a million empty ones took 28 s."""
+    from service._arrow_stream import MAX_MESSAGES
+
+    x = queries["minilm"][:2]
+    batch = pa.RecordBatch.from_pydict({"embedding": vectors(x)})
+    empty = batch.slice(0, 0)
+    r = post(client, stream(*[empty] * MAX_MESSAGES, batch))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("limit_exceeded", "body")
+    assert "fewer, larger batches" in error["message"]
+    table, _ = answer(post(client, stream(*[empty] * 100, batch)))  # under the limit
+    assert table.num_rows == 2
+
+
 def test_arrow_bodies_have_their_own_byte_limit(make_client: Any, queries: Any) -> None:
     x = queries["minilm"][:20]  # about 31 kB either way
     client = make_client(max_body_bytes=20_000, max_body_bytes_arrow=40_000)

@@ -105,7 +105,7 @@ def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | Non
             if bar is not None:
                 bar.close()
             stage = progress["stage"]
-            bar = tqdm(total=progress["total"], desc=f"{job['id'][:12]} {stage}", file=sys.stderr)
+            bar = tqdm(total=progress["total"], desc=f"{job['id']} {stage}", file=sys.stderr)
         if bar is not None:
             bar.total = progress["total"] or bar.total  # lowered when training stops early
             bar.n = min(progress["step"], bar.total)

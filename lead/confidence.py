@@ -96,6 +96,7 @@ __all__ = [
     "fit_confidence",
     "head_from_config",
     "head_rows_problem",
+    "missing_head_message",
     "no_confidence_reason",
     "note_no_confidence",
     "translate_with_confidence",
@@ -547,6 +548,18 @@ def note_no_confidence(stitch: Stitch, reason: str) -> None:
     stitch.info.fit[NO_CONFIDENCE_KEY] = reason
 
 
+def missing_head_message(stitch: Stitch | None, name: str) -> str:
+    """Why stitch ``name`` cannot give confidences: the reason its fit recorded
+    (:func:`no_confidence_reason`), else how to get a head."""
+    reason = None if stitch is None else no_confidence_reason(stitch)
+    if reason is not None:
+        return f"stitch {name} has no confidence head: {reason}"
+    return (
+        f"stitch {name} has no confidence head: refit it with held-out rows (lead fit "
+        "attaches one by default) or attach one with lead.confidence.fit_confidence"
+    )
+
+
 def no_confidence_reason(stitch: Stitch) -> str | None:
     """Why ``stitch`` has no confidence head, as its fit recorded it, or None."""
     fit = stitch.info.fit
@@ -665,11 +678,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
 
     head = stitch.confidence_head
     if head is None:
-        raise NoConfidenceError(
-            "this stitch has no confidence head; refit it with held-out rows "
-            "(lead fit attaches one by default) or call lead.confidence.fit_confidence",
-            param="stitch",
-        )
+        raise NoConfidenceError(missing_head_message(stitch, "given"), param="stitch")
     with torch.inference_mode():
         source = stitch_input(stitch, x, param="x")
         y, confidence, ood = stitch.forward_scored(source)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lead.batch_invariance import forward_batch_invariant
-from lead.confidence import no_confidence_reason
+from lead.confidence import missing_head_message
 from lead.errors import (
     NoConfidenceError,
     NonFiniteOutputError,
@@ -202,13 +202,7 @@ class Route:
             return "a confidence is given for the forward direction only"
         missing = [e for e in self.entries if e.stitch.confidence_head is None]
         if missing:
-            reason = no_confidence_reason(missing[0].stitch)
-            return (
-                f"stitch {missing[0].id} has no confidence head: {reason}"
-                if reason is not None
-                else f"stitch {missing[0].id} has no confidence head (it was fitted without "
-                "held-out pairs, or before LEAD gave confidences); refit it with `lead fit`"
-            )
+            return missing_head_message(missing[0].stitch, missing[0].id)
         return None
 
     def translate_scored(

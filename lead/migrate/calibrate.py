@@ -297,6 +297,8 @@ def run_calibrate(
         "retrieval": retrieval,
         "confidence": confidence,
         "fitted_ids": train_ids,
+        # the mean estimator's prediction: verify --stitch measures R² against it too
+        "target_train_mean": train_mean.tolist(),
     }
     save_stitch(stitch, out, overwrite=force)
     return CalibrateResult(passed, out, checks, scorecard, retrieval, dict(stitch.info.fit))

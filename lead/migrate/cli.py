@@ -271,13 +271,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+#: Keys of calibrate's record whose lists are printed as their length (and what they hold).
+_LONG_LISTS = {"ids": "ids", "fitted_ids": "ids", "target_train_mean": "values"}
+
+
 def _without_id_lists(value: Any) -> Any:
-    """``value`` with long id lists (held-out, fitted) replaced by their length: they are
-    in the stitch's config.json; one JSON line on stdout stays readable."""
+    """``value`` with long lists (held-out and fitted ids, the training mean) replaced by
+    their length: they are in the stitch's config.json; one JSON line on stdout stays
+    readable."""
     if isinstance(value, dict):
         return {
-            k: f"{len(v)} ids (in config.json)"
-            if k in ("ids", "fitted_ids") and isinstance(v, list)
+            k: f"{len(v)} {_LONG_LISTS[k]} (in config.json)"
+            if k in _LONG_LISTS and isinstance(v, list)
             else _without_id_lists(v)
             for k, v in value.items()
         }
@@ -311,9 +316,16 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _stitch_target_mean(folder: str) -> Any:
-    """The training mean of the target vectors of the stitch in ``folder`` (float64 array)."""
-    from lead.artifacts import load_stitch
+    """The mean of the target vectors the stitch in ``folder`` was fitted on: the one
+    calibrate recorded (``fit.calibration.target_train_mean``), else the stitch's
+    ``target_mean`` (a gated or invertible stitch's differs from the plain mean by up to
+    ~3e-3 a value)."""
+    from lead.artifacts import load_stitch, read_stitch_config
 
+    fit = read_stitch_config(folder).get("fit")
+    calibration = fit.get("calibration") if isinstance(fit, dict) else None
+    if isinstance(calibration, dict) and calibration.get("target_train_mean") is not None:
+        return calibration["target_train_mean"]
     return load_stitch(folder).target_mean.detach().double().cpu().numpy()
 
 

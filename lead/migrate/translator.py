@@ -21,6 +21,7 @@ import torch
 
 from lead.artifacts import CONFIG_FILE, WEIGHTS_FILE, load_stitch, stitch_folder
 from lead.batch_invariance import forward_batch_invariant
+from lead.confidence import missing_head_message
 from lead.errors import (
     InvalidInputError,
     NoConfidenceError,
@@ -210,7 +211,7 @@ class LocalTranslator:
     def require_confidence(self) -> None:
         """Raise :class:`~lead.errors.NoConfidenceError` unless :attr:`has_confidence`."""
         if not self.has_confidence:
-            raise _no_confidence(self.ref.name, self.inverse)
+            raise _no_confidence(self.ref.name, self.inverse, self.stitch)
 
     def translate_scored(self, rows: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
         """:meth:`translate` plus each row's confidence and out-of-distribution flag.
@@ -261,17 +262,13 @@ class LocalTranslator:
         pass
 
 
-def _no_confidence(name: str, inverse: bool) -> NoConfidenceError:
+def _no_confidence(name: str, inverse: bool, stitch: Stitch | None = None) -> NoConfidenceError:
     if inverse:
         return NoConfidenceError(
             "confidence is only available translating forward, not with --inverse",
             param="confidence",
         )
-    return NoConfidenceError(
-        f"stitch {name} has no confidence head: refit it with held-out rows (lead fit "
-        "attaches one by default) or attach one with lead.confidence.fit_confidence",
-        param="confidence",
-    )
+    return NoConfidenceError(missing_head_message(stitch, name), param="confidence")
 
 
 class RemoteTranslator:

@@ -511,7 +511,8 @@ def test_translate_refuses_confidence_without_a_head(
     args = ["translate", str(tmp_path / "off"), "--input", f"{DATA}:minilm_queries"]
     args += ["--output", str(tmp_path / "y.npy"), "--confidence-output", str(tmp_path / "c.npy")]
     assert main(args) == 2
-    assert "has no confidence head" in capsys.readouterr().err
+    # the reason its fit recorded, not a guess
+    assert "has no confidence head: it was fitted with --no-confidence" in capsys.readouterr().err
     assert not (tmp_path / "y.npy").exists() and not (tmp_path / "c.npy").exists()
     wrong = [*args[:-1], str(tmp_path / "c.csv")]
     assert main(wrong) == 2

@@ -196,6 +196,50 @@ def test_fitted_ids_are_never_sampled_and_the_figures_drop(migrated, scifact_sma
         run_verify(**common, report_dir=tmp_path / "bad", target_train_mean=train_mean[:5])
 
 
+def test_verify_stitch_gives_calibrates_figures_for_a_gated_stitch(
+    migrated, scifact_small, tmp_path
+):
+    """A gated stitch's target_mean is not the plain mean of its training targets (~3e-3 a
+    value apart): verify --stitch reads the mean calibrate recorded, so the R² and the mean
+    estimator's figures are calibrate's own (an adversarial pass found them apart)."""
+    from lead.migrate.cli import _stitch_target_mean
+
+    folder = tmp_path / "gated"
+    calibrated = run_calibrate(
+        migrated["source"], migrated["native"], folder, method="gated", options={"k": 5}
+    )
+    recorded = np.asarray(calibrated.fit["calibration"]["target_train_mean"])
+    assert recorded.shape == (768,)
+    assert not np.allclose(recorded, load_stitch(folder).target_mean.double().numpy(), atol=1e-4)
+    mean = _stitch_target_mean(str(folder))
+    np.testing.assert_array_equal(np.asarray(mean), recorded)
+    translated = write_parquet(
+        tmp_path / "translated.parquet",
+        doc_ids(scifact_small),
+        _translate(folder, scifact_small.corpus["minilm"]),
+    )
+    same = run_verify(
+        translated,
+        migrated["native"],
+        exclude_ids=fitted_ids(folder),
+        report_dir=tmp_path / "r",
+        target_train_mean=mean,
+    )
+    card = calibrated.scorecard
+    for name in ("r2_score", "mean_cosine_similarity", "top1_accuracy_score"):
+        assert same.report["scores"][name] == pytest.approx(card[name], abs=1e-6)
+        calibrated_baseline = card["baselines"]["mean_estimator"][name]
+        assert same.report["baselines"]["mean_estimator"][name] == pytest.approx(
+            calibrated_baseline, abs=1e-6
+        )
+
+
+def _translate(folder: Path, x: np.ndarray) -> np.ndarray:
+    from lead import apply_stitch
+
+    return apply_stitch(load_stitch(folder), x).numpy()
+
+
 @pytest.mark.parametrize(("native", "n"), [("native", 1000), ("native", 30), ("more", 1000)])
 def test_paired_sample_draws_only_ids_not_excluded(migrated, scifact_small, native, n):
     fitted = fitted_ids(migrated["stitch"])

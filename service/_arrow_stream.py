@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from lead.errors import DecodeError, LimitExceededError
 
-__all__ = ["MAX_MESSAGES", "check_stream"]
+__all__ = ["MAX_MESSAGES", "MAX_METADATA_BYTES", "check_stream"]
 
 _NO_FIELDS = pa.schema([])
 
@@ -61,12 +61,17 @@ def _compressed(message: pa.ipc.Message) -> bool:
 #: The most record batches and dictionaries a stream may hold: each costs ~30 µs to read
 #: whatever its rows (a stream of a million empty batches took 28 s; an adversarial pass).
 MAX_MESSAGES = 4096
+#: The most bytes of batch and dictionary metadata a stream may hold: reading a batch costs
+#: in proportion to its columns (4,096 one-row batches of 3,000 null columns took 16-21 s;
+#: an adversarial pass). A batch of a vector and an id column has ~200 bytes.
+MAX_METADATA_BYTES = 8 * 1024 * 1024
 
 
 def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
     """Walk the stream's messages: the schema first, then batches, none compressed, at
-    most ``max_vectors`` rows and :data:`MAX_MESSAGES` batches and dictionaries in all,
-    nothing after the end-of-stream marker.
+    most ``max_vectors`` rows, :data:`MAX_MESSAGES` batches and dictionaries and
+    :data:`MAX_METADATA_BYTES` of their metadata in all, nothing after the end-of-stream
+    marker.
 
     Returns
     -------
@@ -79,7 +84,8 @@ def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
         Not an Arrow IPC stream (an Arrow IPC file included), another message than
         batches after the schema, a compressed batch, bytes after the end.
     LimitExceededError
-        More than ``max_vectors`` rows, or more than :data:`MAX_MESSAGES` messages.
+        More than ``max_vectors`` rows, :data:`MAX_MESSAGES` messages or
+        :data:`MAX_METADATA_BYTES` of metadata.
     pyarrow.ArrowException
         A truncated or malformed message (the caller names it).
     """
@@ -101,7 +107,7 @@ def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
             param="body",
         )
     schema = pa.ipc.read_schema(message)
-    rows = 0
+    rows = metadata = 0
     for count, message in enumerate(reader, start=1):
         if message.type not in ("record batch", "dictionary"):
             raise DecodeError(f"unexpected {message.type} message in the stream", param="body")
@@ -111,6 +117,15 @@ def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
                 "send fewer, larger batches",
                 limit=MAX_MESSAGES,
                 got=count,
+                param="body",
+            )
+        metadata += message.metadata.size
+        if metadata > MAX_METADATA_BYTES:
+            raise LimitExceededError(
+                f"the Arrow stream's batch metadata exceeds {MAX_METADATA_BYTES} bytes (many "
+                "columns in many batches); send the vectors and ids only, in fewer batches",
+                limit=MAX_METADATA_BYTES,
+                got=metadata,
                 param="body",
             )
         if _compressed(message):

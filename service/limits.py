@@ -36,6 +36,7 @@ that names its problem (:mod:`service.translate_body`).
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -149,15 +150,21 @@ def refuse_too_many_numbers(body: bytes, limit: VectorLimit, dim: int) -> None:
 def refuse_unless_json(body: bytes) -> None:
     """Raise :class:`~lead.errors.InvalidJSONError` unless ``body`` is one JSON value (its
     syntax checked without building it, ``msgspec.Raw``): a body refused for its size is
-    first refused for not being JSON, as the parse would have. A body with ``NaN`` or
-    ``Infinity`` passes (not JSON, but Python's ``json.dumps`` writes them and the plain
-    parse of :mod:`service.translate_body` reads them)."""
+    first refused for not being JSON, as the parse would have. A body whose first fault is
+    a ``NaN`` or ``Infinity`` token passes (not JSON, but Python's ``json.dumps`` writes
+    them and the plain parse of :mod:`service.translate_body` reads them); the same letters
+    inside a string do not (random base64 holds "NaN" often)."""
     try:
         msgspec.json.decode(body, type=msgspec.Raw)
     except (msgspec.DecodeError, RecursionError) as exc:
-        if b"NaN" in body or b"Infinity" in body:
+        fault = _FAULT_AT.search(str(exc))
+        if fault is not None and body.startswith((b"NaN", b"Infinity"), int(fault.group(1))):
             return
         raise InvalidJSONError(f"request body is not valid JSON: {exc}", param="body") from None
+
+
+#: Where msgspec found a JSON body malformed ("... invalid character (byte 74)").
+_FAULT_AT = re.compile(r"\(byte (\d+)\)")
 
 
 def _too_large(limit: int, got: int, hint: str | None = None) -> PayloadTooLargeError:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from typing import Any, Literal, cast
 
 import msgspec
@@ -255,6 +256,12 @@ def _parse_json(body: bytes) -> Any:
         return msgspec.json.Decoder(float_hook=float).decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         error = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
+        if error.startswith("Integer value out of range"):  # beyond int_max_str_digits
+            raise InvalidInputError(
+                f"input holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                "far beyond float32's range",
+                param="input",
+            ) from None
     # NaN / Infinity (not JSON, but Python's json.dumps writes them): parsed by the standard
     # library, so that the finiteness check can name the vector (422)
     try:

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -434,7 +435,13 @@ def test_a_small_body_of_one_huge_vector_is_refused_before_it_is_decoded(
     assert r.status_code == 422 and r.json()["error"]["code"] == "shape_mismatch"
 
 
-@pytest.mark.parametrize("body", [b"xx" + b'""' * 3000, b'"' * 5000, b"[" * 5000])
+_BASE64_WITH_NAN = b'{"stitch":"minilm-to-mpnet","input":[' + b",".join([b'"QNaNInfinity"'] * 3000)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"xx" + b'""' * 3000, b'"' * 5000, b"[" * 5000, b"[" * 5000 + b"NaN", _BASE64_WITH_NAN],
+)
 def test_a_body_that_is_not_json_is_invalid_json_before_any_count(
     make_client: Any, body: bytes
 ) -> None:
@@ -444,3 +451,33 @@ def test_a_body_that_is_not_json_is_invalid_json_before_any_count(
     r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_body_with_nan_and_too_many_vectors_keeps_its_count_error(make_client: Any) -> None:
+    """NaN is not JSON, but Python writes it and the plain parse reads it: such a body is
+    refused for its count, not for its JSON."""
+    client = make_client(max_vectors=4)
+    body = b'{"stitch":"minilm-to-mpnet","input":[' + b",".join([b"[NaN]"] * 3000) + b"]}"
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "limit_exceeded", r.text[:200]
+
+
+def test_integers_of_too_many_digits_are_refused_as_they_are_parsed(
+    make_client: Any, queries: Any
+) -> None:
+    """A 56 MB body of 4,290-digit integers held the event loop for 1.3 s while the plain
+    parse built them (an adversarial pass): the service converts at most 640 digits."""
+    from service.app import MAX_INT_DIGITS
+
+    client = make_client()
+    assert sys.get_int_max_str_digits() == MAX_INT_DIGITS  # set at start-up
+    row = b"[" + b",".join([b"1" * 700] * 384) + b"]"
+    body = b'{"stitch":"minilm-to-mpnet","input":[' + b",".join([row] * 34) + b"]}"
+    start = time.perf_counter()
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "invalid_input" and "more than 640 digits" in error["message"]
+    assert time.perf_counter() - start < 5
+    good = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])}
+    assert client.post("/v1/translate", json=good).status_code == 200

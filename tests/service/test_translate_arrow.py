@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -301,6 +302,23 @@ def test_a_stream_of_too_many_batches_is_refused(client: TestClient, queries: An
     assert "fewer, larger batches" in error["message"]
     table, _ = answer(post(client, stream(*[empty] * 100, batch)))  # under the limit
     assert table.num_rows == 2
+
+
+def test_a_stream_of_many_wide_batches_is_refused(client: TestClient, queries: Any) -> None:
+    """Reading a batch costs in proportion to its columns: 4,096 one-row batches of 3,000
+    null columns took 16-21 s. Their metadata is bounded instead."""
+    x = queries["minilm"][:1]
+    columns: dict[str, Any] = {f"c{i}": pa.nulls(1) for i in range(3000)}
+    wide = pa.RecordBatch.from_pydict({**columns, "embedding": vectors(x)})
+    start = time.perf_counter()
+    r = post(client, stream(*[wide] * 200))
+    assert r.status_code == 422, r.text[:300]
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("limit_exceeded", "body")
+    assert "metadata" in error["message"]
+    assert time.perf_counter() - start < 10
+    table, _ = answer(post(client, stream(*[wide] * 2)))  # a few wide batches pass
+    assert table.num_rows == 2 and table.num_columns == 3001
 
 
 def test_arrow_bodies_have_their_own_byte_limit(make_client: Any, queries: Any) -> None:

@@ -548,14 +548,15 @@ def note_no_confidence(stitch: Stitch, reason: str) -> None:
     stitch.info.fit[NO_CONFIDENCE_KEY] = reason
 
 
-def missing_head_message(stitch: Stitch | None, name: str) -> str:
-    """Why stitch ``name`` cannot give confidences: the reason its fit recorded
-    (:func:`no_confidence_reason`), else how to get a head."""
+def missing_head_message(stitch: Stitch | None, name: str | None = None) -> str:
+    """Why ``stitch`` (named ``name``, when it has one) cannot give confidences: the reason
+    its fit recorded (:func:`no_confidence_reason`), else how to get a head."""
+    subject = "this stitch" if name is None else f"stitch {name}"
     reason = None if stitch is None else no_confidence_reason(stitch)
     if reason is not None:
-        return f"stitch {name} has no confidence head: {reason}"
+        return f"{subject} has no confidence head: {reason}"
     return (
-        f"stitch {name} has no confidence head: refit it with held-out rows (lead fit "
+        f"{subject} has no confidence head: refit it with held-out rows (lead fit "
         "attaches one by default) or attach one with lead.confidence.fit_confidence"
     )
 
@@ -678,7 +679,7 @@ def translate_with_confidence(stitch: Stitch, x: Any) -> tuple[Tensor, Tensor, T
 
     head = stitch.confidence_head
     if head is None:
-        raise NoConfidenceError(missing_head_message(stitch, "given"), param="stitch")
+        raise NoConfidenceError(missing_head_message(stitch), param="stitch")
     with torch.inference_mode():
         source = stitch_input(stitch, x, param="x")
         y, confidence, ood = stitch.forward_scored(source)

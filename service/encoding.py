@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import binascii
 import functools
+import math
 from numbers import Real
 from typing import Any, Literal
 
@@ -223,14 +224,21 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
                     f"input[{i}] contains {type(value).__name__} {value!r:.40}, not a number",
                     param=f"input[{i}]",
                 )
-    # Every row is a list of d_src numbers, yet NumPy made an object array: huge integers.
+    # Every row is a list of d_src numbers, yet NumPy made an object array: integers beyond
+    # float64 (310-640 digits; longer ones are refused as they are parsed). Infinite, like
+    # 1e400: the finiteness check names the row and column (422 non_finite_input).
+    rows = [[_as_float(value) for value in row] for row in items]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.array(rows, dtype=np.float64)
+
+
+def _as_float(value: Any) -> float:
+    """``value`` (a JSON number) as a float, an integer beyond float64's range as a signed
+    infinity."""
     try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.array(items, dtype=np.float64)
-    except (OverflowError, ValueError, TypeError):
-        raise InvalidInputError(
-            "input contains numbers that do not fit a float", param="input"
-        ) from None
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def render_embeddings(

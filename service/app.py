@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import torch
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import lead
 from service.allocator import tune_malloc
 from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
+from service.deps import refuse_repeated_query
 from service.errors import install_error_handlers
 from service.jobs.manager import JobManager
 from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await run_in_threadpool(jobs.stop)
 
     app = FastAPI(
+        dependencies=[Depends(refuse_repeated_query)],
         title="LEAD translation service",
         version=lead.__version__,
         description=_DESCRIPTION,

@@ -367,3 +367,17 @@ def test_unexpected_errors_do_not_leak(
     monkeypatch.undo()
     _good(client, queries)
     assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/datasets?limit=true&limit=true&limit=1", "/v1/jobs?limit=1&limit=2"]
+)
+def test_a_query_parameter_given_twice_is_a_422_naming_it(client: Any, path: str) -> None:
+    """FastAPI keeps the last of a repeated query parameter and ignores the others; the
+    contract test found ?limit=true&limit=true&limit=1 answered 200."""
+    r = client.get(path)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "validation_error" and error["param"] == "limit", error
+    assert "more than once" in error["message"]
+    assert client.get("/v1/datasets?limit=1").status_code in (200, 404, 503)

@@ -143,11 +143,12 @@ AlignLimiterDep = Annotated[ConcurrencyLimiter, Depends(get_align_limiter)]
 RegistryDep = Annotated[StitchRegistry, Depends(get_registry)]
 
 
-def refuse_repeated_query(request: Request) -> None:
+async def refuse_repeated_query(request: Request) -> None:
     """Refuse a query parameter given more than once (every route's parameters are single
     values; FastAPI would keep the last and ignore the others): 422 naming
     the key. Found by the contract test (``?limit=true&limit=true&limit=1``
-    answered 200)."""
+    answered 200). Async: FastAPI runs a plain function dependency in a worker thread, a
+    hand-off on every request."""
     if not request.scope.get("query_string"):
         return
     seen: set[str] = set()

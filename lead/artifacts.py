@@ -264,10 +264,13 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     if not folder.is_dir():
         raise StitchNotFoundError(f"no stitch folder at {folder}", param="stitch")
+    path = folder / CONFIG_FILE
+    if path.exists() and not path.is_file():  # a FIFO would block the reader for ever
+        raise StitchFormatError(f"{path} is not a regular file", param="stitch")
     try:
         # strict JSON: Python's json reads NaN and Infinity, which no other reader (nor
         # save_stitch, which writes strict JSON) takes
-        text = (folder / CONFIG_FILE).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
         config = json.loads(text, parse_constant=_not_json)
     except FileNotFoundError:
         raise StitchFormatError(f"{folder} has no {CONFIG_FILE}", param="stitch") from None
@@ -293,9 +296,22 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
         dim = entry.get("dim")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise StitchFormatError(f"config {side}.dim must be a positive integer, got {dim!r}")
-        if not isinstance(entry.get("model", ""), str):
-            raise StitchFormatError(f"config {side}.model must be a string")
+        _check_type(entry, "model", str, f"{side}.", "a string")
+        _check_type(entry, "revision", str, f"{side}.", "a string or null")
+        _check_type(entry, "normalized", bool, f"{side}.", "true or false")
+    for key in ("fit", "scorecard", "confidence"):
+        _check_type(config, key, dict, "", "an object or null")
+    for key in ("normalize_output", "output_scale"):
+        _check_type(config, key, bool, "", "true or false")
     return config
+
+
+def _check_type(entry: dict[str, Any], key: str, kind: type, prefix: str, what: str) -> None:
+    """Refuse ``entry[key]`` unless it is absent, null or of ``kind``: a served stitch shows
+    these values as they are (a scorecard that is a string broke ``GET /v1/stitches``)."""
+    value = entry.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise StitchFormatError(f"config {prefix}{key} must be {what}, got {value!r:.80}")
 
 
 def _build(config: dict[str, Any]) -> Stitch:
@@ -326,12 +342,21 @@ def _build(config: dict[str, Any]) -> Stitch:
     except (LeadError, TypeError, ValueError) as error:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
     if config.get("confidence") is not None:
-        head = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
-        problem = _head_features_problem(stitch, head.stitch_features)
+        confidence = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
+        problem = _head_features_problem(stitch, confidence.stitch_features)
         if problem is not None:
             raise StitchFormatError(f"config confidence.{problem}")
-        stitch.confidence_head = head
+        stitch.confidence_head = confidence
     return stitch
+
+
+def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes that ``config`` declares, from a stitch built without memory (on
+    torch's ``meta`` device): a config that declares dimensions of 20,000 must not
+    allocate gigabytes before its weights file is found to hold 384."""
+    with torch.device("meta"):
+        stitch = _build(config)
+    return {name: tuple(t.shape) for name, t in stitch.state_dict().items()}
 
 
 def _head_features_problem(stitch: Stitch, stitch_features: int) -> str | None:
@@ -360,8 +385,7 @@ def _check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[in
 
 def _load_folder(folder: Path) -> Stitch:
     config = read_stitch_config(folder)
-    stitch = _build(config)
-    expected = {name: tuple(t.shape) for name, t in stitch.state_dict().items()}
+    expected = _expected_shapes(config)
     declared = config.get("tensors")
     if declared is not None:
         if not isinstance(declared, dict) or not all(
@@ -370,8 +394,8 @@ def _load_folder(folder: Path) -> Stitch:
             raise StitchFormatError("config 'tensors' must map tensor names to shapes (lists)")
         _check_tensors(expected, {k: tuple(v) for k, v in declared.items()})
     weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        raise StitchFormatError(f"{folder} has no {WEIGHTS_FILE}")
+    if not weights.is_file():  # a FIFO would block the reader
+        raise StitchFormatError(f"{folder} has no {WEIGHTS_FILE} (a regular file)")
     try:
         with safe_open(str(weights), framework="pt") as f:
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
@@ -379,6 +403,7 @@ def _load_folder(folder: Path) -> Stitch:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError) as error:
         raise StitchFormatError(f"cannot read {weights}: {error}") from None
+    stitch = _build(config)
     for name, t in tensors.items():
         if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
             raise StitchFormatError(f"tensor {name!r} must be finite floating point numbers")

@@ -255,6 +255,13 @@ def test_unknown_architecture(saved: Path) -> None:
         ({"source__dim": 0}, "source.dim"),
         ({"target__dim": "3"}, "target.dim"),
         ({"source": None}, "source"),
+        # values a served stitch shows as they are (a string scorecard made GET
+        # /v1/stitches answer 500 for every stitch)
+        ({"scorecard": "hello"}, "scorecard must be an object or null"),
+        ({"fit": [1, 2]}, "fit must be an object or null"),
+        ({"source__revision": 123}, "source.revision must be a string or null"),
+        ({"target__normalized": "no"}, "target.normalized must be true or false"),
+        ({"normalize_output": 1}, "normalize_output must be true or false"),
     ],
 )
 def test_bad_config_is_a_format_error(saved: Path, changes: dict[str, Any], message: str) -> None:
@@ -281,6 +288,26 @@ def test_dimension_that_disagrees_with_the_tensors(saved: Path) -> None:
 def test_bad_tensors_are_format_errors(saved: Path, change: Any, message: str) -> None:
     _edit_tensors(saved, change)
     with pytest.raises(StitchFormatError, match=message):
+        load_stitch(saved)
+
+
+def test_declared_dimensions_are_checked_before_memory_is_taken(saved: Path) -> None:
+    # an affine stitch of 200,000 x 200,000 would need 160 GB: built first, it failed to
+    # allocate (or took the memory) before its 5-d weights were even read
+    _edit_config(saved, source__dim=200_000, target__dim=200_000, tensors=None)
+    with pytest.raises(
+        StitchFormatError, match=r"'source_mean' has shape \[5\], expected \[200000\]"
+    ):
+        load_stitch(saved)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_files_that_are_not_regular_files_are_refused_without_blocking(saved: Path) -> None:
+    # opening a FIFO for reading waits for a writer: the loader hung, and every stitch after
+    # it stayed pending
+    (saved / "config.json").unlink()
+    os.mkfifo(saved / "config.json")
+    with pytest.raises(StitchFormatError, match="not a regular file"):
         load_stitch(saved)
 
 

@@ -41,6 +41,7 @@ these classes to HTTP statuses; a handler on a base class covers its subclasses.
     ├── FeatureDisabledError (RuntimeError)       a feature this server is configured without
     ├── JobCancelledError (RuntimeError)          raised inside a training run to stop it
     ├── HubError (RuntimeError)                   Hugging Face Hub download / upload failed
+    ├── StorageFullError (OSError)                no room left to write (disk, database)
     └── StoreError (RuntimeError)                 a vector store that cannot be reached or
                                                   refuses the credentials (migrations)
 """
@@ -78,6 +79,7 @@ __all__ = [
     "ShapeMismatchError",
     "StitchFormatError",
     "StitchNotFoundError",
+    "StorageFullError",
     "StoreError",
     "StoreNotFoundError",
     "TooFewPairsError",
@@ -290,6 +292,11 @@ class JobCancelledError(LeadError, RuntimeError):
 
 class HubError(LeadError, RuntimeError):
     """Downloading from or uploading to the Hugging Face Hub failed."""
+
+
+class StorageFullError(LeadError, OSError):
+    """A write found no room left: the disk or a quota under the data folder is full, or
+    the database is (``ENOSPC``, ``EDQUOT``, SQLite's "database or disk is full")."""
 
 
 class StoreError(LeadError, RuntimeError):

@@ -24,7 +24,7 @@ from service.allocator import tune_malloc
 from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.deps import refuse_repeated_query
-from service.errors import install_error_handlers
+from service.errors import InternalErrorMiddleware, install_error_handlers
 from service.jobs.manager import JobManager
 from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
 from service.loader import configured_refs, load_stitches, resolve_device
@@ -170,6 +170,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
         },
     )
+    app.add_middleware(InternalErrorMiddleware)  # inside the request id: a 500 carries it
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.add_middleware(StartupErrorMiddleware)  # lifespan only: a failed start in one line
     app.openapi = lambda: build_openapi(app, OPENAPI_MODELS)  # type: ignore[method-assign]

@@ -14,7 +14,9 @@ debug level and counted with the status 499 ("client closed request"), never as 
 
 from __future__ import annotations
 
+import errno
 import logging
+import sqlite3
 from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
@@ -24,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import compile_path
-from starlette.types import Scope
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import errors as le
 
@@ -33,6 +35,7 @@ __all__ = [
     "ERROR_TABLE",
     "REQUEST_ID_SCOPE_KEY",
     "ErrorKind",
+    "InternalErrorMiddleware",
     "echo",
     "error_response",
     "install_error_handlers",
@@ -98,6 +101,7 @@ ERROR_TABLE: dict[type[le.LeadError], ErrorKind] = {
     le.JobCancelledError: ErrorKind(409, _INVALID, "job_cancelled"),
     le.HubError: ErrorKind(502, "server_error", "hub_error"),
     le.StoreError: ErrorKind(502, "server_error", "store_error"),
+    le.StorageFullError: ErrorKind(507, "server_error", "insufficient_storage"),
 }
 
 _HTTP_CODES = {
@@ -300,12 +304,40 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     )
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    request_id = request_id_of(request.scope)
+def storage_full(exc: BaseException) -> le.StorageFullError | None:
+    """The :class:`~lead.errors.StorageFullError` that ``exc`` (or what caused it) means,
+    if it is a write that found no room: ``ENOSPC`` / ``EDQUOT``, or SQLite's "database or
+    disk is full"."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception, its cause, theirs...
+        if seen is None:
+            return None
+        if isinstance(seen, le.StorageFullError):
+            return seen
+        full = isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or (isinstance(seen, sqlite3.OperationalError) and "is full" in str(seen)):
+            return le.StorageFullError(
+                "the server has no room left to write (its disk or database is full); "
+                "nothing was kept of this request: retry once space is freed"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _internal_error(scope: Scope, exc: BaseException) -> JSONResponse:
+    """Log an unexpected exception with the request id; the 500 that hides it (a 507 for a
+    write that found the disk full)."""
+    full = storage_full(exc)
+    if full is not None:
+        logger.error(
+            "no room to write on %s (request %s): %s", scope.get("path"), request_id_of(scope), exc
+        )
+        return lead_error_response(full, scope)
+    request_id = request_id_of(scope)
     logger.error(
         "unhandled error on %s %s (request %s)",
-        request.method,
-        request.url.path,
+        scope.get("method"),
+        scope.get("path"),
         request_id,
         exc_info=exc,
     )
@@ -316,6 +348,44 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         "internal server error; quote the request id when reporting it",
         request_id=request_id,
     )
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return _internal_error(request.scope, exc)
+
+
+class InternalErrorMiddleware:
+    """Answer an unexpected exception with the 500 envelope and keep the connection.
+
+    Starlette's outermost middleware answers it too, but then raises it again for the
+    server to log, and uvicorn closes a connection whose app raised after answering: the
+    client's next request on that keep-alive connection failed with "connection reset".
+    Here it is logged and answered, and nothing is raised; only an exception after the
+    answer started (an interrupted stream) still goes up, and the connection closes, as
+    it must.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception as exc:
+            if started:
+                raise
+            await _internal_error(scope, exc)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -380,6 +380,7 @@ _ERROR_DESCRIPTIONS = {
     "fitted on unit-length vectors (`zero_vector`), too many vectors, invalid fields.",
     429: "Too many requests in flight; see Retry-After.",
     503: "Not ready: stitches still loading; see Retry-After.",
+    507: "No room left to write on the server (its disk or database is full); nothing was kept.",
 }
 
 

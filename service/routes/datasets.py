@@ -67,7 +67,7 @@ async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
     "/v1/datasets",
     status_code=201,
     response_model=DatasetOut,
-    responses=job_error_responses(400, 408, 413, 415, 422),
+    responses=job_error_responses(400, 408, 413, 415, 422, 507),
     openapi_extra=_UPLOAD_BODY,
     summary="Upload a paired-embedding dataset",
 )

@@ -27,7 +27,7 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelling", "canc
     "/v1/jobs",
     status_code=202,
     response_model=JobOut,
-    responses=job_error_responses(400, 404, 408, 409, 413, 415, 422, 503),
+    responses=job_error_responses(400, 404, 408, 409, 413, 415, 422, 503, 507),
     dependencies=[Depends(require_json)],
     summary="Train a stitch (asynchronous)",
 )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import errno
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +383,47 @@ def test_a_query_parameter_given_twice_is_a_422_naming_it(client: Any, path: str
     assert error["code"] == "validation_error" and error["param"] == "limit", error
     assert "more than once" in error["message"]
     assert client.get("/v1/datasets?limit=1").status_code in (200, 404, 503)
+
+
+def test_an_unexpected_error_is_answered_and_not_raised_again(
+    client: TestClient, queries: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starlette answers a 500 and raises the error again for the server, and uvicorn then
+    closes the keep-alive connection: the client's next request failed with "connection
+    reset". A client that re-raises what the app raises shows it."""
+    import service.routes.translate as translate_module
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    raising = TestClient(client.app, raise_server_exceptions=True)
+    monkeypatch.setattr(translate_module, "render_embeddings", broken)
+    body = {"stitch": STITCH, "input": b64(queries["minilm"][:1])}
+    r = raising.post("/v1/translate", json=body)  # a re-raised error would fail here
+    _check_envelope(r, 500, "internal_error", ["request id"])
+    monkeypatch.undo()
+    _good(raising, queries)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        sqlite3.OperationalError("database or disk is full"),
+    ],
+)
+def test_a_full_disk_is_a_507(
+    client: TestClient, queries: Any, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    import service.routes.translate as translate_module
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(translate_module, "render_embeddings", full)
+    r = client.post("/v1/translate", json={"stitch": STITCH, "input": b64(queries["minilm"][:1])})
+    envelope = _check_envelope(r, 507, "insufficient_storage", ["no room left", "retry"])
+    assert envelope["type"] == "server_error"
+    monkeypatch.undo()
+    _good(client, queries)

@@ -13,6 +13,9 @@ files, held-out split with its ids) and scorecard (retrieval, baselines, round t
 
 from __future__ import annotations
 
+import os
+import pathlib
+import stat
 from collections.abc import Iterator
 from typing import Annotated, Any, BinaryIO, Literal
 
@@ -175,12 +178,11 @@ def get_stitch_file(
         raise StitchNotFoundError(
             f"stitch {echo(stitch)} has no files on this server", param="stitch"
         )
-    try:
-        handle = (entry.folder / name).open("rb")
-    except FileNotFoundError:  # deleted meanwhile, or a configured folder changed
+    handle = _open_file(entry.folder, name)
+    if handle is None:  # deleted meanwhile, a configured folder changed, not a plain file
         raise StitchNotFoundError(
             f"stitch {echo(stitch)} has no file {name} on this server", param="stitch"
-        ) from None
+        )
     size = handle.seek(0, 2)
     handle.seek(0)
     return StreamingResponse(
@@ -191,6 +193,33 @@ def get_stitch_file(
             "Content-Disposition": f'attachment; filename="{name}"',
         },
     )
+
+
+def _open_file(folder: pathlib.Path, name: str) -> BinaryIO | None:
+    """``folder / name`` opened for reading, or None when it is missing or not a regular
+    file of the stitch: a FIFO (which would block the server), a device, or a link that
+    leads out of the folder (a configured folder's ``README.md`` linked to ``/etc/passwd``
+    was served). A Hub stitch's files are links into its cache's ``blobs`` folder."""
+    path = folder / name
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop of links
+        return None
+    home = folder.resolve()
+    homes = [home]
+    if home.parent.name == "snapshots":  # huggingface_hub's cache: snapshots/<rev>/name -> blobs
+        homes.append(home.parent.parent / "blobs")
+    if not any(real.is_relative_to(h) for h in homes):
+        return None
+    try:  # without O_NONBLOCK, opening a FIFO waits for a writer
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 @admin_router.delete(

@@ -5,6 +5,8 @@ breaking translations in flight."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -219,6 +221,37 @@ def test_stitch_ids_with_slashes_and_at_signs_reach_their_files(
         assert "org/files@config.json" in r.json()["error"]["message"]
         r = client.get("/v1/stitches/minilm-to-mpnet/files/config.json")
         assert r.status_code == 404, r.text  # a stitch id, not a file route
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_only_regular_files_of_the_stitch_folder_are_served(tmp_path: Path, fitted: Any) -> None:
+    """A configured folder whose model card links out of it (to ``/etc/passwd``) served that
+    file, and one that is a FIFO hung the request; both are 404s now, and a link inside the
+    folder (as the Hugging Face cache makes them) is followed."""
+    folder = tmp_path / "linked"
+    shutil.copytree(fitted.folder("minilm-to-mpnet"), folder)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the model card")
+    (folder / "README.md").unlink()
+    (folder / "README.md").symlink_to(secret)
+    (folder / "card.md").write_text("the model card")
+    (folder / "config.json").rename(folder / "real-config.json")
+    (folder / "config.json").symlink_to("real-config.json")
+    client = make_jobs_client(tmp_path / "data", stitches=[str(folder)])
+    try:
+        r = client.get("/v1/stitch-files/README.md", params={"stitch": "linked"})
+        assert r.status_code == 404, r.text
+        assert "not the model card" not in r.text
+        r = client.get("/v1/stitch-files/config.json", params={"stitch": "linked"})
+        assert r.status_code == 200, r.text
+        assert r.content == (folder / "real-config.json").read_bytes()
+        if hasattr(os, "mkfifo"):
+            (folder / "README.md").unlink()
+            os.mkfifo(folder / "README.md")
+            r = client.get("/v1/stitch-files/README.md", params={"stitch": "linked"})
+            assert r.status_code == 404, r.text
+        assert client.get("/healthz").status_code == 200
     finally:
         client.__exit__(None, None, None)
 

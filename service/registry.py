@@ -90,6 +90,12 @@ class StitchRegistry:
             self._loading = True
             self._pending.update(stitch_ids)
 
+    @property
+    def loading(self) -> bool:
+        """Whether the configured stitches are still loading."""
+        with self._lock:
+            return self._loading
+
     def finish_loading(self) -> None:
         with self._lock:
             self._loading = False

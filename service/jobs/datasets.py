@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,13 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
                 f"{key} has {len(ids)} ids for {count} rows",
                 expected=count,
                 got=len(ids),
+                param=key,
+            )
+        if key == "corpus_ids" and len(set(ids)) != len(ids):  # retrieval would refuse them
+            repeated = next(i for i, c in Counter(ids).items() if c > 1)
+            raise InvalidInputError(
+                f"corpus_ids holds {len(ids) - len(set(ids))} duplicate id(s), such as "
+                f"{repeated!r:.80}: each document needs its own id",
                 param=key,
             )
     if not isinstance(qrels, dict) or not all(

@@ -37,6 +37,7 @@ from lead.errors import (
     NotReadyError,
     ShapeMismatchError,
     StitchNotFoundError,
+    TooFewPairsError,
 )
 from service.encoding import decode_vectors
 from service.errors import echo
@@ -317,6 +318,7 @@ class JobManager:
         train, _ = holdout_split(pairs, body.holdout_fraction, body.seed)
         if METHODS[body.method] in ("local", "gated"):  # k within the memory, before training
             check_local_rows(body.options, len(train), param="options.k")
+        _check_early_stopping_rows(METHODS[body.method], body.options, len(train), body.seed)
         stitch_id = (
             body.stitch_id
             or f"{_slug(body.source_model)}-to-{_slug(body.target_model)}-{job_id[4:12]}"
@@ -549,3 +551,30 @@ class JobManager:
             )
             raise
         return {"object": "alignment", **scores}
+
+
+def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int, seed: int) -> None:
+    """Refuse at submission a trained method whose early-stopping split of the ``train``
+    pairs would fail (``too_few_pairs``) once the job runs.
+
+    Raises
+    ------
+    TooFewPairsError
+        Naming the fewest training pairs that are enough.
+    """
+    from lead.invertible import InvertibleConfig
+    from lead.splits import early_stopping_split
+    from lead.training import MLPConfig
+
+    defaults = {"mlp": ("MLP", MLPConfig.holdout_fraction)}
+    defaults["invertible"] = ("invertible", InvertibleConfig.holdout_fraction)
+    if method not in defaults:
+        return
+    name, fraction = defaults[method]
+    try:
+        early_stopping_split(
+            train, float(options.get("holdout_fraction", fraction)), seed, method=name
+        )
+    except TooFewPairsError as error:
+        error.param = "options.holdout_fraction" if "holdout_fraction" in options else "pairs"
+        raise

@@ -284,10 +284,18 @@ class JobLoop:
                 self.on_succeeded(job)
         except Exception as exc:
             logger.exception("could not register the stitch of job %s", job_id)
+            message = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+            # the result recorded by the training said "served": it is not (nor kept)
+            result = {
+                **(job.result or {}),
+                "served": False,
+                "not_served_reason": f"the stitch could not be registered: {message}",
+            }
             self.store.finish_job(
                 job_id,
                 "failed",
-                error={"code": "registration_failed", "message": f"{type(exc).__name__}: {exc}"},
+                error={"code": "registration_failed", "message": message},
+                result=result,
                 owner=self.owner,
             )
             return

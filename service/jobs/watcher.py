@@ -11,7 +11,8 @@ that every ``interval_s`` seconds in its own daemon thread and
 * removes each ``origin="job"`` entry whose record is deleted, not served or gone (and
   drops this machine's cached copy of it).
 
-A stitch that fails to load is logged once and tried again later, after a wait that
+Nothing is registered while the configured stitches load (they come first). A stitch
+that fails to load is logged once and tried again later, after a wait that
 doubles up to :attr:`StitchWatcher.max_backoff_s`; nothing stops the thread. Loading
 happens in the watcher's thread, so translation never waits for it.
 """
@@ -143,6 +144,11 @@ class StitchWatcher:
             raise (it is in ``failed`` and logged once).
         """
         with self._pass_lock:
+            if self.registry.loading:
+                # the configured stitches first: they, not a job's, bind each model's
+                # dimension (a job stitch of 8-d MiniLM vectors, registered first, made
+                # every bundled stitch fail to load after a restart)
+                return SyncReport()
             states = self.store.succeeded_stitches()
             report = SyncReport()
             for entry in self.registry.entries():

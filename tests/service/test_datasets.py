@@ -186,6 +186,9 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("corpus ids short", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"])), OCTET,
      422, "shape_mismatch"),
     ("qrels not JSON", lambda X, Y: _retrieval(X, Y, qrels="{nope"), OCTET, 400, "decode_error"),
+    # every job on it failed later ("corpus_ids holds duplicate ids")
+    ("corpus ids repeated", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"] * 50)),
+     OCTET, 400, "invalid_input"),
     ("query dim", lambda X, Y: dataset_bytes(X, Y, _retrieval_meta(), source_queries=X[:3, :10],
      target_queries=Y[:3]), OCTET, 422, "shape_mismatch"),
     ("0 query rows", lambda X, Y: dataset_bytes(X, Y, {**_retrieval_meta(), "query_ids": "[]",

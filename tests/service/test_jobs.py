@@ -375,6 +375,11 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),
     ("negative seed", lambda sf: tiny_body(sf, seed=-1), 422, "validation_error"),
     ("too few pairs to split", lambda sf: tiny_body(sf, n=6), 422, "too_few_pairs"),
+    # 40 pairs, 30 of them to train: the MLP's early stopping needs 35 (the job failed later)
+    ("too few for early stopping", lambda sf: tiny_body(sf, n=40, method="mlp"), 422,
+     "too_few_pairs"),
+    ("too few for early stopping", lambda sf: tiny_body(sf, n=40, method="invertible"), 422,
+     "too_few_pairs"),
     ("rows differ", lambda sf: {**tiny_body(sf), "target": b64(sf.corpus["pml3"][:15])}, 422,
      "shape_mismatch"),
     ("ragged", lambda sf: {**tiny_body(sf), "source": _ragged(sf)}, 422, "shape_mismatch"),
@@ -732,3 +737,28 @@ def test_metrics_count_the_jobs_of_the_store(jobs: TestClient, scifact_job: dict
     assert set(counts) == {"queued", "running", "cancelling", "succeeded", "failed", "cancelled"}
     assert sum(counts.values()) == len(listed) and counts["succeeded"] >= 1
     assert re.search(r"^lead_jobs_restarted 0\.0$", text, re.M)
+
+
+def test_a_stitch_that_cannot_be_registered_is_not_reported_served(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    """Two jobs queued together for a new model, one with its 384-d vectors and one with 100
+    of their columns: the second cannot be registered (the first bound the dimension) and
+    fails, and its result must not say ``served: true``."""
+    new = {"source_model": "org/new-model", "allow_below_baseline": True}
+    first = tiny_body(scifact_small, n=INLINE_LIMIT, **new)
+    narrow = np.ascontiguousarray(scifact_small.corpus["minilm"][:INLINE_LIMIT, :100])
+    second = tiny_body(scifact_small, n=INLINE_LIMIT, **new, source=narrow.tolist())
+    ids = []
+    for body in (first, second):
+        r = jobs.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+    done = [wait_job(jobs, job_id) for job_id in ids]
+    assert [job["status"] for job in done] == ["succeeded", "failed"], done
+    failed = done[1]
+    assert failed["error"]["code"] == "registration_failed"
+    assert failed["result"]["served"] is False
+    assert "could not be registered" in failed["result"]["not_served_reason"]
+    assert "dimension" in failed["result"]["not_served_reason"]
+    assert jobs.get(f"/v1/stitches/{failed['stitch_id']}").status_code == 404

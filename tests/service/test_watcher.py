@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from lead.artifacts import load_stitch
+from lead.artifacts import load_stitch, save_stitch
+from lead.fitting import fit_stitch
+from lead.stitches import StitchInfo
 from service.jobs.stitch_store import FolderStore, FsspecStore, StitchStore
 from service.jobs.store import JobStore, new_id
-from service.jobs.watcher import StitchWatcher
+from service.jobs.watcher import StitchWatcher, SyncReport
 from service.registry import StitchRegistry
 
 STITCH = "minilm-to-mpnet"
@@ -238,3 +241,27 @@ def test_the_thread_picks_up_and_drops_stitches_within_seconds(
         time.sleep(0.02)
     b.watcher.stop()
     assert not b.watcher.running
+
+
+def test_configured_stitches_load_before_job_stitches_bind_a_model(
+    replicas: Callable[..., Replica], tmp_path: Path, fitted: Any
+) -> None:
+    """A job stitch of 8-d vectors named after the configured stitch's 384-d source model,
+    registered first at start-up, made every configured stitch of that model fail ("gives
+    model ... dimension 384, but another stitch gives it 8"). The watcher waits for the
+    configured stitches; the job stitch is then the one that cannot be served."""
+    configured = load_stitch(fitted.folder(STITCH))
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(60, 8)), rng.normal(size=(60, 6))
+    info = StitchInfo(source_model=configured.info.source_model, target_model="org/other")
+    squatter = save_stitch(fit_stitch(X, Y, "ridge", info=info), tmp_path / "squatter")
+    shared = FolderStore(tmp_path / "shared-stitches")
+    a = replicas(shared)
+    publish(a.jobs, shared, "squatter", squatter)
+    b = replicas(shared)
+    b.registry.expect(["configured"])
+    assert b.watcher.sync() == SyncReport()  # still loading: nothing yet
+    b.registry.register("configured", configured, origin="local")
+    b.registry.finish_loading()
+    assert b.watcher.sync().failed == ["squatter"]
+    assert [e.id for e in b.registry.entries()] == ["configured"]

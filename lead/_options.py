@@ -6,6 +6,7 @@ Each check returns the option as a plain Python number or raises
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -13,7 +14,13 @@ from typing import Any
 
 from lead.errors import InvalidInputError
 
-__all__ = ["FIT_METHODS_HELP", "check_float_option", "check_int_option", "parse_option_items"]
+__all__ = [
+    "FIT_METHODS_HELP",
+    "check_float_option",
+    "check_int_option",
+    "parse_option_items",
+    "seed_argument",
+]
 
 #: The fitting methods as the command lines list them (:data:`lead.fitting.METHODS` without
 #: its aliases; a test keeps the two in step).
@@ -43,6 +50,24 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
 
 #: The largest seed accepted: torch and NumPy generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
+
+
+def seed_argument(text: str) -> int:
+    """The ``type`` of a command line's ``--seed``: an integer in [0, :data:`MAX_SEED`]
+    (NumPy refuses a negative seed with a traceback, deep in a fit).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Shown by argparse as a usage error.
+    """
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {seed}")
+    return seed
 
 
 def _shown(value: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from lead._options import parse_option_items
+from lead._options import parse_option_items, seed_argument
 from lead.client import DEFAULT_SERVER_URL, LeadClient
 from lead.errors import AuthenticationError
 
@@ -263,7 +263,7 @@ def add_remote_commands(commands: Any) -> None:
     )
     submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument("--holdout", type=float, default=0.2, help="held-out share")
-    submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument("--seed", type=seed_argument, default=0)
     submit.add_argument("--push-to-hub", metavar="ORG/NAME")
     submit.add_argument("--stitch-id")
     submit.add_argument(
@@ -319,7 +319,7 @@ def add_remote_commands(commands: Any) -> None:
     align.add_argument("--target", metavar="FILE[:TENSOR]")
     align.add_argument("--dataset", help="an uploaded dataset id (needs a server)")
     align.add_argument("--folds", type=int, default=5)
-    align.add_argument("--seed", type=int, default=0)
+    align.add_argument("--seed", type=seed_argument, default=0)
     align.add_argument("--max-pairs", type=int, help="local: score a seeded subset this large")
     _server_arguments(align)
     align.set_defaults(handler=_align)

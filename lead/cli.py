@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lead._options import FIT_METHODS_HELP, parse_option_items
+from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -464,12 +464,13 @@ def _translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from lead._durable import atomic_write
-    from lead.data import EmbeddingReader, EmbeddingWriter
+    from lead.data import EmbeddingReader, EmbeddingWriter, parse_spec
     from lead.migrate.translator import LocalTranslator
     from lead.unit_input import expects_unit_input
 
-    for flag, path in (("output", args.output), ("confidence-output", args.confidence_output)):
-        if path is not None and Path(path).exists() and not args.force:
+    for flag, spec in (("output", args.output), ("confidence-output", args.confidence_output)):
+        path = None if spec is None else parse_spec(spec)[0]  # out.safetensors:tensor
+        if path is not None and path.exists() and not args.force:
             raise ConflictError(
                 f"--{flag} {path} exists already; pass --force to replace it, or choose "
                 "another file",
@@ -580,7 +581,9 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
         help="draw the held-out rows from the N-th --source/--target pair only (1-based); "
         "the other pairs are training-only",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the fit")
+    parser.add_argument(
+        "--seed", type=seed_argument, default=0, help="seed of the split and the fit"
+    )
 
 
 def _add_out_arguments(parser: argparse.ArgumentParser) -> None:
@@ -683,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="option of lead.unsupervised.fit_unsupervised, value parsed as JSON "
         "(sample_size=1000, rounds=40, ...)",
     )
-    unpaired.add_argument("--seed", type=int, default=0)
+    unpaired.add_argument("--seed", type=seed_argument, default=0)
     _add_model_arguments(unpaired)
     _add_out_arguments(unpaired)
     unpaired.set_defaults(handler=_fit_unpaired)
@@ -732,8 +735,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _os_error_message(error: OSError) -> str:
+    """``[Errno 30] Read-only file system: 'out.npy'`` as ``out.npy: read-only file
+    system``."""
+    reason = (error.strerror or str(error)).lower()
+    if error.filename is None:
+        return reason
+    names = [str(error.filename)] + ([] if error.filename2 is None else [str(error.filename2)])
+    return f"{' -> '.join(names)}: {reason}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``lead`` command line; returns the exit status (2 for a LEAD error)."""
+    """Run the ``lead`` command line; returns the exit status (2 for a LEAD error, 1 for a
+    file that cannot be read or written)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -747,6 +761,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeadError as error:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
+    except OSError as error:  # a file named on the command line: missing, read-only, full...
+        print(f"error: {_os_error_message(error)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -13,6 +13,7 @@ for one batch only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -238,6 +239,26 @@ def read_embeddings(spec: str | Path, rows: np.ndarray | None = None) -> np.ndar
     return data if rows is None else data[np.asarray(rows)]
 
 
+def _reserve(path: Path) -> None:
+    """Allocate the blocks of ``path`` (a sparse file of its final size) now.
+
+    A memory map writes into a sparse file page by page; on a full disk the kernel then
+    kills the process with SIGBUS, leaving the temporary file. Reserved first, a full disk
+    is an ``OSError`` (``ENOSPC``) here instead, before any work.
+    """
+    size = path.stat().st_size
+    if not size or not hasattr(os, "posix_fallocate"):  # macOS and Windows have none
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it
+            raise
+    finally:
+        os.close(fd)
+
+
 class EmbeddingWriter:
     """Write ``(n, d)`` float32 rows batch by batch to ``.npy`` or ``.safetensors``.
 
@@ -269,7 +290,15 @@ class EmbeddingWriter:
         self._memmap: np.memmap[Any, Any] | None = None
         self._file: Any = None
         if suffix == ".npy":
-            self._memmap = open_memmap(self._tmp, mode="w+", dtype="<f4", shape=(self.n, self.d))
+            try:
+                self._memmap = open_memmap(
+                    self._tmp, mode="w+", dtype="<f4", shape=(self.n, self.d)
+                )
+                _reserve(self._tmp)
+            except BaseException:
+                self._memmap = None
+                self._tmp.unlink(missing_ok=True)
+                raise
         else:
             header: dict[str, Any] = {
                 tensor or "embeddings": {

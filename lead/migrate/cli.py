@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from lead._options import FIT_METHODS_HELP
+from lead._options import FIT_METHODS_HELP, seed_argument
 from lead.errors import InvalidInputError
 
 __all__ = ["add_migrate_commands"]
@@ -231,7 +231,7 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="ids drawn at random from those in both stores (calibrate --embed: from the source)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -557,3 +557,78 @@ def test_fit_calibrate_variance_records_the_output_scale(tmp_path: Path) -> None
     plain, scaled = load_stitch(tmp_path / "plain"), load_stitch(tmp_path / "scaled")
     assert "output_scale" not in plain.info.fit
     assert scaled.info.fit["output_scale"] > 1  # ridge shrinks: the scale restores the spread
+
+
+def test_a_tensor_spec_does_not_bypass_the_existing_output_check(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output keep.safetensors:emb`` replaced the whole file (its other tensors lost):
+    the check looked for a file named ``keep.safetensors:emb``."""
+    out, _ = fitted
+    keep = tmp_path / "keep.safetensors"
+    save_file({"mine": np.ones((2, 3), dtype=np.float32)}, keep)
+    before = keep.read_bytes()
+    args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output", f"{keep}:emb"]
+    assert main(args) == 2
+    assert f"--output {keep} exists already; pass --force" in capsys.readouterr().err
+    assert keep.read_bytes() == before
+    assert main([*args, "--force"]) == 0
+    assert list(load_file(keep)) == ["emb"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fit", "--source", f"{DATA}:minilm_corpus", "--target", f"{DATA}:mpnet_corpus",
+         "--source-model", "a", "--target-model", "b", "--out", "never", "--seed", "-1"],
+        ["score", "never", "--source", str(DATA), "--target", str(DATA), "--seed", "-1"],
+    ],
+)  # fmt: skip
+def test_a_negative_seed_is_a_usage_error(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NumPy refused it with a traceback deep in the fit."""
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "--seed: must be in [0, 2**63 - 1], got -1" in err
+    assert "Traceback" not in err
+
+
+def test_files_that_cannot_be_written_are_a_message_not_a_traceback(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    inside = blocker / "sub.npy"  # its parent is a file
+    args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output", str(inside)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(blocker) in err and "Traceback" not in err
+
+
+def test_a_full_disk_leaves_no_temporary_file(
+    fitted: tuple[Path, dict],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The .npy output is a memory map of a sparse file: on a full disk the process died of
+    SIGBUS mid-write and left ``.out.npy.tmp-PID``. Its blocks are reserved first now, and a
+    full disk is an error before any work (the kernel's ENOSPC, simulated here)."""
+    import errno
+    import os
+
+    if not hasattr(os, "posix_fallocate"):
+        pytest.skip("no posix_fallocate on this platform")
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    out, _ = fitted
+    target = tmp_path / "out.npy"
+    args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output", str(target)]
+    assert main(args) == 1
+    assert "no space left on device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -167,6 +167,15 @@ def _shifted(exc: le.LeadError, start: int) -> le.LeadError:
     return exc
 
 
+def _path_part(value: str, safe: str = "") -> str:
+    """``value`` as it goes into a URL path: percent-encoded (``/`` and ``@`` kept only
+    where ``safe`` says: stitch ids hold them), and a ``.`` or ``..`` segment encoded too,
+    which a URL would otherwise resolve (``delete_dataset("../stitches/x")`` deleted
+    stitch ``x``)."""
+    parts = quote(value, safe=safe).split("/")
+    return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
+
+
 class LeadClient:
     """Talk to a LEAD server over HTTP.
 
@@ -274,10 +283,10 @@ class LeadClient:
         return dict(self._request("GET", "/v1/datasets", params=params))
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return dict(self._request("GET", f"/v1/datasets/{dataset_id}"))
+        return dict(self._request("GET", f"/v1/datasets/{_path_part(dataset_id)}"))
 
     def delete_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return dict(self._request("DELETE", f"/v1/datasets/{dataset_id}"))
+        return dict(self._request("DELETE", f"/v1/datasets/{_path_part(dataset_id)}"))
 
     # -------------------------------------------------------------------- jobs
     def submit_job(
@@ -330,7 +339,7 @@ class LeadClient:
         return dict(self._request("POST", "/v1/jobs", json=body, headers=headers))
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return dict(self._request("GET", f"/v1/jobs/{job_id}"))
+        return dict(self._request("GET", f"/v1/jobs/{_path_part(job_id)}"))
 
     def list_jobs(
         self, *, limit: int = 20, after: str | None = None, status: str | None = None
@@ -342,7 +351,7 @@ class LeadClient:
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a job (raises :class:`~lead.errors.ConflictError` when it has finished)."""
-        return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+        return dict(self._request("POST", f"/v1/jobs/{_path_part(job_id)}/cancel"))
 
     def wait_job(
         self,
@@ -376,7 +385,7 @@ class LeadClient:
         return dict(self._request("GET", "/v1/stitches"))
 
     def get_stitch(self, stitch_id: str) -> dict[str, Any]:
-        return dict(self._request("GET", f"/v1/stitches/{quote(stitch_id, safe='/@')}"))
+        return dict(self._request("GET", f"/v1/stitches/{_path_part(stitch_id, safe='/@')}"))
 
     def delete_stitch(self, stitch_id: str) -> dict[str, Any]:
         """Delete a stitch trained by a job (needs an ``admin`` key).
@@ -388,7 +397,7 @@ class LeadClient:
         StitchNotFoundError
             If the server has no such stitch.
         """
-        return dict(self._request("DELETE", f"/v1/stitches/{quote(stitch_id, safe='/@')}"))
+        return dict(self._request("DELETE", f"/v1/stitches/{_path_part(stitch_id, safe='/@')}"))
 
     def download_stitch(self, stitch_id: str, folder: str | Path) -> Path:
         """Download a served stitch's ``config.json``, ``model.safetensors`` and ``README.md``

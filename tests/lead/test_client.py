@@ -32,6 +32,7 @@ from lead.errors import (
     InvalidInputError,
     JobNotFoundError,
     ModelMismatchError,
+    NotFoundError,
     PermissionDeniedError,
     StitchNotFoundError,
     TooFewPairsError,
@@ -143,6 +144,23 @@ def test_errors_are_lead_errors(
     with pytest.raises(IdempotencyKeyReusedError):
         lead.submit_job(MINILM, MPNET, stitch_id="other-id", **body)
     assert lead.wait_job(first["id"], poll_interval=0.05)["status"] == "succeeded"
+
+
+def test_ids_cannot_walk_to_another_route(lead: LeadClient, trained: dict[str, Any]) -> None:
+    """``delete_dataset("../stitches/ID")`` deleted stitch ID: the URL's dot segment was
+    resolved. Every id is one path part now, dots included."""
+    stitch_id = trained["job"]["result"]["stitch_id"]
+    with pytest.raises(NotFoundError):
+        lead.delete_dataset(f"../stitches/{stitch_id}")
+    with pytest.raises(NotFoundError):
+        lead.get_dataset("..")
+    with pytest.raises(NotFoundError):
+        lead.get_job("../stitches")
+    with pytest.raises(NotFoundError):
+        lead.cancel_job(f"../../v1/jobs/{trained['job']['id']}")
+    with pytest.raises(NotFoundError):
+        lead.get_stitch(f"../jobs/{trained['job']['id']}")
+    assert lead.get_stitch(stitch_id)["id"] == stitch_id  # still served
 
 
 def test_wait_timeout_then_cancel(lead: LeadClient, trained: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from lead.errors import InvalidInputError, ShapeMismatchError, ZeroVectorError
+from lead.errors import ConflictError, InvalidInputError, ShapeMismatchError, ZeroVectorError
 from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target, unsplit
 from lead.migrate.translator import Translator
 
@@ -284,7 +284,8 @@ def run_apply(
     ShapeMismatchError
         The source's dimension is not the stitch's.
     ConflictError
-        The target exists with other content, or holds another migration.
+        The target exists with other content, or holds another migration, or a finished
+        migration of another number of rows than the source holds now.
     ZeroVectorError
         A zero vector for a stitch fitted on unit-length vectors (naming its id).
     """
@@ -306,15 +307,23 @@ def run_apply(
     )
     state = target.open(spec, source.info)  # writes nothing yet: the first batch creates
     resumed = state.rows_written
+    nulls = source.info.null_rows or 0
+    total = source.info.rows - (nulls if skip_null else 0)
     if state.done:
+        if total != resumed:  # rows added or deleted since: "already done" would be wrong
+            raise ConflictError(
+                f"{target.uri} holds a finished migration of {resumed} rows, but the source "
+                f"now has {total}: it changed since. `lead migrate verify` names the "
+                "difference; to migrate the source as it is now, write to a new target (or "
+                "remove this one and its checkpoint)",
+                param="target",
+            )
         return ApplyResult(target.uri, 0, resumed, resumed, time.perf_counter() - started, True)
     # a target that fills rows of an existing table / collection checks that every source
     # id is one of them, before anything is written
     check_source = getattr(target, "check_source", None)
     if check_source is not None:
         check_source(source)
-    nulls = source.info.null_rows or 0
-    total = source.info.rows - (nulls if skip_null else 0)
     report, close = _progress(progress, total, resumed)
     written = resumed
     try:

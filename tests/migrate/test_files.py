@@ -76,6 +76,22 @@ def test_a_second_run_into_a_folder_being_written_is_refused(
     np.testing.assert_array_equal(vectors, minilm_to_mpnet(X))
 
 
+def test_a_finished_migration_of_a_source_that_grew_is_not_already_done(
+    tmp_path, scifact_small, minilm_to_mpnet
+):
+    """Rows added to the source after a migration finished were ignored: the next run said
+    ``already_done`` with the old ``rows_total`` and exit status 0."""
+    X = scifact_small.corpus["minilm"][:105]
+    source = write_parquet(tmp_path / "src.parquet", np.arange(100), X[:100])
+    target = tmp_path / "out"
+    assert _apply(source, target, minilm_to_mpnet).rows_total == 100
+    assert _apply(source, target, minilm_to_mpnet).already_done  # unchanged: done
+    write_parquet(tmp_path / "src.parquet", np.arange(105), X)
+    with pytest.raises(ConflictError, match="finished migration of 100 rows, but the source now"):
+        _apply(source, target, minilm_to_mpnet)
+    assert len(_read(target)[0]) == 100  # untouched
+
+
 def test_the_lock_of_a_killed_run_is_gone(tmp_path, scifact_small, minilm_to_mpnet):
     X = scifact_small.corpus["minilm"][:50]
     source = write_parquet(tmp_path / "src.parquet", np.arange(50), X)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from lead._options import FIT_METHODS_HELP, seed_argument
@@ -293,11 +294,15 @@ def _without_id_lists(value: Any) -> Any:
 
 def _verify(args: argparse.Namespace) -> int:
     from lead.migrate.calibrate import fitted_ids
+    from lead.migrate.translator import resolve_stitch_folder
     from lead.migrate.verify import run_verify
 
-    excluded = fitted_ids(args.stitch) if args.stitch else None
+    # a folder, a bundled id or a Hub repo, as apply takes it (only calibrate's stitches
+    # record fitted ids: for the others nothing is left out of the sample)
+    folder = resolve_stitch_folder(args.stitch) if args.stitch else None
+    excluded = fitted_ids(folder) if folder else None
     # R² against the mean the stitch was fitted towards, as calibrate scored it
-    train_mean = _stitch_target_mean(args.stitch) if args.stitch else None
+    train_mean = _stitch_target_mean(folder) if folder else None
     result = run_verify(
         args.target,
         args.native,
@@ -315,7 +320,7 @@ def _verify(args: argparse.Namespace) -> int:
     return int(result.exit_code)
 
 
-def _stitch_target_mean(folder: str) -> Any:
+def _stitch_target_mean(folder: str | Path) -> Any:
     """The mean of the target vectors the stitch in ``folder`` was fitted on: the one
     calibrate recorded (``fit.calibration.target_train_mean``), else the stitch's
     ``target_mean`` (a gated or invertible stitch's differs from the plain mean by up to
@@ -462,9 +467,10 @@ def add_migrate_commands(commands: Any) -> None:
     )
     verify.add_argument(
         "--stitch",
-        metavar="FOLDER",
-        help="the stitch made by calibrate: the ids it was fitted on are left out of the "
-        "sample, so the figures are held-out ones",
+        metavar="ID_OR_FOLDER",
+        help="the stitch applied (a folder, a bundled id, a Hub repo id); one made by "
+        "calibrate has the ids it was fitted on left out of the sample, so the figures are "
+        "held-out ones",
     )
     verify.add_argument("--report", default="lead-verify", metavar="DIR", help="report folder")
     verify.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")

@@ -23,6 +23,7 @@ from lead.artifacts import CONFIG_FILE, WEIGHTS_FILE, load_stitch, stitch_folder
 from lead.batch_invariance import forward_batch_invariant
 from lead.confidence import missing_head_message
 from lead.errors import (
+    AuthenticationError,
     InvalidInputError,
     NoConfidenceError,
     NonFiniteOutputError,
@@ -370,11 +371,18 @@ class RemoteTranslator:
 
 @contextmanager
 def _reaching(server: str) -> Iterator[None]:
-    """Transport failures talking to a LEAD server as one :class:`StoreError`."""
+    """Transport failures talking to a LEAD server as one :class:`StoreError`; a refused
+    key says where the key comes from."""
     import httpx
 
     try:
         yield
+    except AuthenticationError as error:
+        raise AuthenticationError(
+            f"{error.message} (the LEAD server at {server} wants an API key: migrations send "
+            "the one in LEAD_API_KEY)",
+            param=error.param,
+        ) from None
     except httpx.HTTPError as error:
         reason = str(error) or type(error).__name__
         raise StoreError(

@@ -127,6 +127,13 @@ def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys)
     )
     assert code == 1 and not failed["passed"]
     assert ET.parse(junit).getroot().find(".//failure") is not None
+    # a bundled stitch id, as plan and apply take it (it was "no stitch folder at ..."):
+    # it records no store ids, so none are left out of the sample
+    code, bundled = _run(
+        capsys, "migrate", "verify", demo["source"], demo["target"], "--native",
+        demo["native"], "--stitch", "minilm-to-mpnet", "--min-mean-cosine", "0",
+    )  # fmt: skip
+    assert code in (0, 1) and bundled["sample"]["excluded"] == 0, bundled
     assert checksum(pg_uri, "walk", "embedding") == before
 
 

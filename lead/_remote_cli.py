@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from lead._options import parse_option_items, seed_argument
+from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument
 from lead.client import DEFAULT_SERVER_URL, LeadClient
-from lead.errors import AuthenticationError
+from lead.errors import AuthenticationError, StoreError
 
 __all__ = ["add_remote_commands", "connect"]
 
@@ -61,14 +61,17 @@ def _remote(handler: Any) -> Any:
         try:
             with connect(args) as client:
                 return int(handler(client, args))
-        except httpx.TransportError as error:
+        except (httpx.TransportError, StoreError) as error:
+            cause = error if isinstance(error, httpx.TransportError) else error.__cause__
+            if not isinstance(cause, httpx.TransportError):  # a vector store's, not ours
+                raise
             if args.server:
                 where = f"{args.server} (--server)"
             elif os.environ.get("LEAD_SERVER_URL"):
                 where = f"{os.environ['LEAD_SERVER_URL']} (LEAD_SERVER_URL)"
             else:
                 where = f"{DEFAULT_SERVER_URL} (the default: set --server or LEAD_SERVER_URL)"
-            return _fail(f"cannot reach the LEAD server at {where}: {error}")
+            return _fail(f"cannot reach the LEAD server at {where}: {cause}")
         except AuthenticationError as error:
             if args.api_key or os.environ.get("LEAD_API_KEY"):
                 raise
@@ -259,7 +262,7 @@ def add_remote_commands(commands: Any) -> None:
     submit.add_argument(
         "--method",
         default="ridge",
-        help="ridge | procrustes | mlp | invertible | anchors | unsupervised",
+        help=FIT_METHODS_HELP,
     )
     submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument("--holdout", type=float, default=0.2, help="held-out share")

@@ -21,13 +21,14 @@ and local errors alike.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import random
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -217,9 +218,22 @@ class LeadClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A server that cannot be reached as a :class:`~lead.errors.StoreError` naming its
+        URL (httpx's own says ``[Errno 111] Connection refused``, without one)."""
+        try:
+            yield
+        except httpx.TransportError as error:
+            reason = str(error) or type(error).__name__
+            raise le.StoreError(
+                f"cannot reach the LEAD server at {self.http.base_url}: {reason}", param="server"
+            ) from error
+
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        response = self.http.request(method, path, headers=headers, **kwargs)
+        with self._reaching():
+            response = self.http.request(method, path, headers=headers, **kwargs)
         if response.is_error:
             raise _error_from(response)
         return response.json()
@@ -443,7 +457,10 @@ class LeadClient:
         return folder
 
     def _download(self, path: str, params: dict[str, str], target: Path) -> None:
-        with self.http.stream("GET", path, params=params, headers=self._headers) as response:
+        with (
+            self._reaching(),
+            self.http.stream("GET", path, params=params, headers=self._headers) as response,
+        ):
             if response.is_error:
                 response.read()
                 raise _error_from(response)
@@ -652,7 +669,10 @@ class LeadClient:
             params["return_confidence"] = "true"
         headers = {**self._headers, "Content-Type": _arrow.ARROW_STREAM}
         content = _arrow.vectors_stream(rows)
-        response = self.http.post("/v1/translate", content=content, params=params, headers=headers)
+        with self._reaching():
+            response = self.http.post(
+                "/v1/translate", content=content, params=params, headers=headers
+            )
         if response.is_error:
             raise _error_from(response)
         return _arrow.read_scored(response.content, scored=scored)

@@ -35,6 +35,7 @@ from lead.errors import (
     NotFoundError,
     PermissionDeniedError,
     StitchNotFoundError,
+    StoreError,
     TooFewPairsError,
 )
 from service.app import create_app
@@ -391,6 +392,18 @@ def test_cli_without_a_server_names_the_url_and_the_setting(
     monkeypatch.setenv("LEAD_SERVER_URL", url)
     assert main(["jobs", "list"]) == 2
     assert f"at {url} (LEAD_SERVER_URL)" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_a_lead_error_naming_its_url() -> None:
+    """httpx's own error said ``[Errno 111] Connection refused``, without the URL."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with LeadClient(url) as client, pytest.raises(StoreError) as caught:
+        client.list_jobs()
+    assert f"cannot reach the LEAD server at {url}" in str(caught.value)
+    assert caught.value.param == "server"
+    x = np.zeros((2, 384), dtype=np.float32)
+    with LeadClient(url) as client, pytest.raises(StoreError, match="cannot reach"):
+        client.translate(x, stitch="any", format="arrow", retries=0)
 
 
 def test_cli_unreachable_server(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

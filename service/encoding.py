@@ -221,7 +221,7 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
         for value in row:
             if isinstance(value, bool) or not isinstance(value, Real):
                 raise InvalidInputError(
-                    f"input[{i}] contains {type(value).__name__} {value!r:.40}, not a number",
+                    f"input[{i}] contains {_json_kind(value)}, not a number",
                     param=f"input[{i}]",
                 )
     # Every row is a list of d_src numbers, yet NumPy made an object array: integers beyond
@@ -230,6 +230,18 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
     rows = [[_as_float(value) for value in row] for row in items]
     with np.errstate(over="ignore", invalid="ignore"):
         return np.array(rows, dtype=np.float64)
+
+
+def _json_kind(value: object) -> str:
+    """How a JSON value that is not a number reads in an error: ``null``, ``true``, a string
+    (quoted, cut to 40 characters), an array, an object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the string {value!r:.40}"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _as_float(value: Any) -> float:

@@ -183,7 +183,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
         {"json": {"stitch": STITCH, "input": [[0.1] * 383 + [None]]}},
         400,
         "invalid_input",
-        ["input[0]"],
+        ["input[0] contains null, not a number"],  # JSON's names, not NoneType
     ),
     (
         "booleans as a vector",

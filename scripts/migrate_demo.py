@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "scifact"
+#: The real data: ``$LEAD_SHARED_DATA`` (as for bench/), or ``../shared/data`` beside the clone.
+SHARED = Path(os.environ.get("LEAD_SHARED_DATA", REPO.parent / "shared" / "data")) / "scifact"
 FIXTURE = REPO / "tests" / "fixtures" / "scifact_small.safetensors"
 
 
@@ -104,13 +105,17 @@ def build_demo(uri: str, folder: Path, data: dict[str, Any], table: str = "docs"
     import psycopg
 
     from lead.migrate.pgcopy import copy_rows
+    from lead.migrate.pgvector_target import CHECKPOINTS, PARTITIONS
     from lead.migrate.stores import with_params
 
     folder.mkdir(parents=True, exist_ok=True)
     ids = np.asarray(data["doc_ids"], dtype=np.int64)
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        # the demo's own database starts over: the table, the walkthrough's target and
+        # every checkpoint (one naming a column of the dropped table made apply fail)
+        for name in (table, f"{table}_mpnet", CHECKPOINTS, PARTITIONS):
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
         conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, embedding vector(384))")
         with conn.cursor() as cursor:
             sql = f"COPY {table} (id, embedding) FROM STDIN (FORMAT BINARY)"

@@ -132,6 +132,7 @@ def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys)
     code, bundled = _run(
         capsys, "migrate", "verify", demo["source"], demo["target"], "--native",
         demo["native"], "--stitch", "minilm-to-mpnet", "--min-mean-cosine", "0",
+        "--report", str(tmp_path / "bundled-report"),
     )  # fmt: skip
     assert code in (0, 1) and bundled["sample"]["excluded"] == 0, bundled
     assert checksum(pg_uri, "walk", "embedding") == before

@@ -187,6 +187,8 @@ def _serve(root: Path, data_dir: Path, stitch_dir: Path) -> tuple[subprocess.Pop
     }
     command = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory"]
     command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    if (root / "service" / "event_loop.py").is_file():  # as scripts/serve.sh runs it
+        command += ["--loop", "service.event_loop:new_event_loop"]
     proc = subprocess.Popen(command, cwd=root, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

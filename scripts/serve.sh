@@ -10,5 +10,6 @@ bash scripts/setup.sh "${LEAD_EXTRAS:-service}"
 "${LEAD_VENV:-.venv}/bin/python" -m service.settings_check
 # with several workers, /metrics sums them through PROMETHEUS_MULTIPROC_DIR (see the script)
 . scripts/prometheus_dir.sh
+# the loop polls its sockets briefly before sleeping (LEAD_BUSY_POLL_US; service/event_loop.py)
 exec "${LEAD_VENV:-.venv}/bin/uvicorn" service.app:create_app --factory --host "${HOST:-127.0.0.1}" \
-  --port "${PORT:-8000}" --workers "${LEAD_WORKERS:-1}"
+  --port "${PORT:-8000}" --workers "${LEAD_WORKERS:-1}" --loop service.event_loop:new_event_loop

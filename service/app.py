@@ -25,6 +25,7 @@ from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.deps import refuse_repeated_query
 from service.errors import InternalErrorMiddleware, install_error_handlers
+from service.event_loop import watch_requests
 from service.jobs.manager import JobManager
 from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
 from service.loader import configured_refs, load_stitches, resolve_device
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sys.set_int_max_str_digits(MAX_INT_DIGITS)
         if settings.tune_malloc:
             tune_malloc()  # process-wide too (service.allocator)
+        metrics = app.state.metrics
+        watch_requests(lambda: metrics.active)  # the loop polls only when none is in flight
         registry = StitchRegistry(device, dtype)
         refs = configured_refs(settings)
         registry.expect([ref.id for ref in refs])

@@ -134,6 +134,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        #: Requests being handled now, as a plain number (read by the event loop's poll).
+        self.active = 0
         self.in_flight = Gauge(
             "lead_http_requests_in_flight",
             "HTTP requests being handled.",
@@ -256,9 +258,11 @@ class RequestContextMiddleware:
             await send(message)
 
         self.metrics.in_flight.inc()
+        self.metrics.active += 1
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            self.metrics.active -= 1
             self.metrics.in_flight.dec()
             route = _route_label(scope)
             method = scope.get("method", "")

@@ -171,6 +171,16 @@ class Settings(BaseSettings):
         description="The longest a micro-batch waits for translate requests already on their "
         "way (milliseconds); 0 batches only the requests already waiting.",
     )
+    busy_poll_us: int = Field(
+        default=300,
+        ge=0,
+        le=10_000,
+        description="After its last answer, the server polls its sockets this many "
+        "microseconds before it sleeps (service.event_loop): a client's next request is read at "
+        "once instead of waking a sleeping (virtual) CPU, ~0.1-0.3 ms. Costs at most that much "
+        "CPU after each burst of traffic; 0 turns it off (uvloop's loop). Needs uvicorn's "
+        "`--loop service.event_loop:new_event_loop`, as scripts/serve.sh and the image pass it.",
+    )
     tune_malloc: bool = Field(
         default=True,
         description="Set glibc's malloc thresholds at start-up (mmap 32 MiB, trim 128 MiB) so "

@@ -36,7 +36,8 @@ TRANSLATE = 'lead_http_requests_total{method="POST",route="/v1/translate",status
 
 @pytest.fixture()
 def two_workers(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """(base URL, multiprocess folder) of ``uvicorn --workers 2`` serving the stitch."""
+    """(base URL, multiprocess folder) of ``uvicorn --workers 2`` serving the stitch, on the
+    polling event loop (``service.event_loop``) as ``scripts/serve.sh`` runs it."""
     folder = tmp_path / "prometheus"
     folder.mkdir()
     port = free_port()
@@ -54,6 +55,7 @@ def two_workers(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     command = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
     command += ["--log-level", "warning", "--no-access-log"]
+    command += ["--loop", "service.event_loop:new_event_loop"]  # as scripts/serve.sh runs it
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)

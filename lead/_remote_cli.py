@@ -212,18 +212,37 @@ def _align(args: argparse.Namespace) -> int:
     from lead.data import read_embeddings
 
     X, Y = read_embeddings(args.source), read_embeddings(args.target)
-    _print(alignment_scores(X, Y, folds=args.folds, seed=args.seed, max_pairs=args.max_pairs))
+    _print_alignment(
+        alignment_scores(X, Y, folds=args.folds, seed=args.seed, max_pairs=args.max_pairs)
+    )
     return 0
+
+
+#: A cross-validated ridge R² below this is what unrelated (shuffled) pairs score.
+UNALIGNED_R2 = 0.01
+
+
+def _print_alignment(scores: dict[str, Any]) -> None:
+    """Print the scores; warn on stderr when the pairs look unrelated (rows of the two
+    files in different orders scored like shuffled pairs, without a word)."""
+    _print(scores)
+    r2 = scores.get("ridge_r2_score")
+    if isinstance(r2, float) and r2 < UNALIGNED_R2:
+        sys.stderr.write(
+            f"warning: the cross-validated ridge_r2_score {r2:.4f} is about the mean "
+            "estimator's (0) or below, as for shuffled pairs: is row i of --source the same "
+            "text as row i of --target?\n"
+        )
 
 
 def _align_remote(client: LeadClient, args: argparse.Namespace) -> int:
     if args.dataset:
-        _print(client.align(dataset=args.dataset, folds=args.folds, seed=args.seed))
+        _print_alignment(client.align(dataset=args.dataset, folds=args.folds, seed=args.seed))
         return 0
     from lead.data import read_embeddings
 
     source, target = read_embeddings(args.source), read_embeddings(args.target)
-    _print(client.align(source=source, target=target, folds=args.folds, seed=args.seed))
+    _print_alignment(client.align(source=source, target=target, folds=args.folds, seed=args.seed))
     return 0
 
 

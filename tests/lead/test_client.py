@@ -326,13 +326,27 @@ def test_cli_submit_from_files_and_local_align(cli: Any, pairs_file: Path) -> No
     )  # fmt: skip
     assert status == 0, err
     assert job["status"] == "queued" and job["pairs"] == 400 and job["dataset"]
-    status, local, _ = cli(
+    status, local, err = cli(
         "align", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
         "--folds", "2", "--max-pairs", "60",
     )  # fmt: skip
     assert status == 0 and local["pairs"] == 60
     names = ["unbiased_cka_score", "cknna_score", "cycle_knn_score", "svcca_score", "pwcca_score"]
     assert set(names) <= set(local)
+    assert "warning" not in err
+    # rows of the two files in different orders (mpnet's in ../shared/data): said, not silent
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(pairs_file)
+    order = np.random.default_rng(0).permutation(len(tensors["target"]))
+    shuffled = pairs_file.with_name("shuffled-pairs.safetensors")
+    save_file({"source": tensors["source"], "target": tensors["target"][order]}, shuffled)
+    status, scores, err = cli(
+        "align", "--source", f"{shuffled}:source", "--target", f"{shuffled}:target",
+        "--folds", "2",
+    )  # fmt: skip
+    assert status == 0 and scores["ridge_r2_score"] < 0.01
+    assert "warning: the cross-validated ridge_r2_score" in err and "row i of --source" in err
 
 
 def test_cli_submit_allow_below_baseline(cli: Any, tmp_path: Path) -> None:

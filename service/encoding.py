@@ -113,7 +113,7 @@ def reject_bools(items: list[Any]) -> None:
         if bool in map(type, row):
             value = next(v for v in row if type(v) is bool)
             raise InvalidInputError(
-                f"input[{i}] contains bool {value!r}, not a number", param=f"input[{i}]"
+                f"input[{i}] contains {_json_kind(value)}, not a number", param=f"input[{i}]"
             )
 
 

@@ -7,6 +7,7 @@ freshly built stitch, and reads tensors with safetensors only (never pickle).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from lead.errors import (
     ShapeMismatchError,
     StitchFormatError,
     StitchNotFoundError,
+    StorageFullError,
 )
 from lead.stitches import Stitch, StitchInfo, stitch_class
 
@@ -54,6 +56,10 @@ ARTIFACT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
 #: Tensors of the stitch's confidence head are named ``confidence.*`` (always float32).
 CONFIDENCE_PREFIX = "confidence."
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+#: The largest config.json read (the bundled ones, held-out ids included, are ~100 KB).
+MAX_CONFIG_BYTES = 16 << 20
 
 
 def _json_default(value: Any) -> Any:
@@ -204,7 +210,12 @@ def save_stitch(
     config = _stitch_config(stitch, tensors, dtype)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        except SafetensorError as error:  # safetensors reports the OS error as text
+            if "os error 28" in str(error) or "os error 122" in str(error):
+                raise StorageFullError(f"no space left to save the stitch in {folder}") from error
+            raise
         text = json.dumps(config, indent=2, allow_nan=False, default=_json_default) + "\n"
         (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
         (tmp / CARD_FILE).write_text(model_card(config, folder.name), encoding="utf-8")
@@ -267,6 +278,12 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
     path = folder / CONFIG_FILE
     if path.exists() and not path.is_file():  # a FIFO would block the reader for ever
         raise StitchFormatError(f"{path} is not a regular file", param="stitch")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:  # read whole below
+        raise StitchFormatError(
+            f"{path} holds {path.stat().st_size} bytes; a stitch config holds at most "
+            f"{MAX_CONFIG_BYTES}",
+            param="stitch",
+        )
     try:
         # strict JSON: Python's json reads NaN and Infinity, which no other reader (nor
         # save_stitch, which writes strict JSON) takes
@@ -319,6 +336,7 @@ def _build(config: dict[str, Any]) -> Stitch:
     missing = [key for key in cls.config_keys if key not in config]
     if missing:
         raise StitchFormatError(f"config lacks architecture parameter(s) {', '.join(missing)}")
+    _check_parameter_types(cls, config)
     source, target = config["source"], config["target"]
     info = StitchInfo(
         source_model=source.get("model", StitchInfo.source_model),
@@ -348,6 +366,25 @@ def _build(config: dict[str, Any]) -> Stitch:
             raise StitchFormatError(f"config confidence.{problem}")
         stitch.confidence_head = confidence
     return stitch
+
+
+def _check_parameter_types(cls: type[Stitch], config: dict[str, Any]) -> None:
+    """Each architecture parameter of the kind its default has: a boolean for a boolean, a
+    number (not a boolean) for a number. ``"scaling": "false"`` loaded as true, and
+    ``"max_log_scale": true`` as 1.0 (outputs off by 7.5e-4)."""
+    parameters = inspect.signature(cls.__init__).parameters
+    for key in cls.config_keys:
+        default = parameters[key].default if key in parameters else None
+        value = config[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int | float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            continue
+        if not ok:
+            kind = "true or false" if isinstance(default, bool) else "a number"
+            raise StitchFormatError(f"config {key} must be {kind}, got {value!r:.80}")
 
 
 def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

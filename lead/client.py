@@ -173,6 +173,8 @@ def _path_part(value: str, safe: str = "") -> str:
     where ``safe`` says: stitch ids hold them), and a ``.`` or ``..`` segment encoded too,
     which a URL would otherwise resolve (``delete_dataset("../stitches/x")`` deleted
     stitch ``x``)."""
+    if not value.strip("/"):  # the collection's own URL (or a redirect to it) otherwise
+        raise le.InvalidInputError(f"an id cannot be empty, got {value!r}", param="id")
     parts = quote(value, safe=safe).split("/")
     return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 

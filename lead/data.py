@@ -356,6 +356,10 @@ class EmbeddingWriter:
                 f"wrote {self.rows} rows, expected {self.n}", expected=self.n, got=self.rows
             )
         if exc_type is None:
-            os.replace(self._tmp, self.path)
+            try:
+                os.replace(self._tmp, self.path)
+            except OSError:  # the output is a directory, say: no temporary file left
+                self._tmp.unlink(missing_ok=True)
+                raise
         else:
             self._tmp.unlink(missing_ok=True)

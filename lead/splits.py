@@ -87,6 +87,15 @@ def early_stopping_split(
         return holdout_split(n, holdout_fraction, seed)
     except TooFewPairsError:
         fraction = float(holdout_fraction)
+        if fraction * 10**9 < MIN_SPLIT_SIDE:  # ~1e-310: no number of pairs would do
+            raise TooFewPairsError(
+                f"the {method} fit's early stopping holds out {holdout_fraction:g} of its "
+                f"training pairs, too small a share to hold out {MIN_SPLIT_SIDE} of any "
+                "realistic number (raise its holdout_fraction option)",
+                minimum=MIN_SPLIT_SIDE,
+                got=n,
+                param="holdout_fraction",
+            ) from None
         start = max(n + 1, math.ceil((MIN_SPLIT_SIDE - 0.5) / fraction))
         need = next(
             (

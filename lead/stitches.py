@@ -53,6 +53,12 @@ __all__ = [
 ]
 
 
+#: The most layers (MLP blocks, coupling layers) a stitch may declare: a config asking for
+#: millions built them one module at a time, for minutes and gigabytes, before its weights
+#: were read.
+MAX_LAYERS = 256
+
+
 @dataclass
 class StitchInfo:
     """What a stitch maps between and how it was made (saved in ``config.json``).
@@ -491,9 +497,10 @@ class MLPStitch(Stitch):
         self, d_src: int, d_tgt: int, *, hidden_dim: int = 512, depth: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
-        if hidden_dim < 1 or depth < 1:
+        if hidden_dim < 1 or not 1 <= depth <= MAX_LAYERS:
             raise ShapeMismatchError(
-                f"hidden_dim and depth must be positive, got {hidden_dim}, {depth}",
+                f"hidden_dim must be positive and depth in [1, {MAX_LAYERS}], got {hidden_dim}, "
+                f"{depth}",
                 expected=">= 1",
                 got=(hidden_dim, depth),
             )
@@ -1014,9 +1021,10 @@ class InvertibleStitch(Stitch):
                 expected="int",
                 got=(hidden_dim, coupling_layers),
             )
-        if hidden_dim < 1 or coupling_layers < 0 or not 0 < max_log_scale <= 10:
+        if hidden_dim < 1 or not 0 <= coupling_layers <= MAX_LAYERS or not 0 < max_log_scale <= 10:
             raise ShapeMismatchError(
-                "need hidden_dim >= 1, coupling_layers >= 0 and 0 < max_log_scale <= 10, got "
+                f"need hidden_dim >= 1, 0 <= coupling_layers <= {MAX_LAYERS} and 0 < max_log_scale "
+                "<= 10, got "
                 f"{hidden_dim}, {coupling_layers}, {max_log_scale}",
                 expected=">= 1, >= 0, (0, 10]",
                 got=(hidden_dim, coupling_layers, max_log_scale),

@@ -11,7 +11,8 @@ that Go's scheduler and .NET's thread pool do before they park a thread.
 
 The cost is CPU: at most that many microseconds of one core after the last answer of each
 burst of traffic; nothing while requests are in flight (a forward in another thread then
-gets the GIL as it would without polling), nothing while no traffic comes. Set 0 to turn
+gets the GIL as it would without polling), nothing while no traffic comes (a wake-up by a
+timer alone is no traffic: the next wait does not poll). Set 0 to turn
 it off (then uvloop's loop, as uvicorn picks by default).
 
 Used through uvicorn's ``--loop service.event_loop:new_event_loop`` (``scripts/serve.sh``,
@@ -45,13 +46,16 @@ class BusyPollSelector(selectors.DefaultSelector):
         self.spin_s = spin_s
         #: Whether the server has no request in flight (the app sets it; until then, yes).
         self.idle: Callable[[], bool] = lambda: True
+        # whether the last call found something: a wake-up by a timer alone (uvicorn's own
+        # loop ticks every 0.1 s) is no traffic, and the next call does not poll
+        self._active = True
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         """:meth:`selectors.BaseSelector.select`; a blocking call polls first when idle."""
         if timeout is not None and timeout <= 0:
             return list(super().select(timeout))
-        if self.spin_s <= 0 or not self.idle():
-            return list(super().select(timeout))
+        if self.spin_s <= 0 or not self._active or not self.idle():
+            return self._blocking(timeout)
         spin = self.spin_s if timeout is None else min(self.spin_s, timeout)
         end = time.perf_counter() + spin
         while True:
@@ -60,7 +64,12 @@ class BusyPollSelector(selectors.DefaultSelector):
                 return list(ready)
             if time.perf_counter() >= end:
                 break
-        return list(super().select(None if timeout is None else max(0.0, timeout - spin)))
+        return self._blocking(None if timeout is None else max(0.0, timeout - spin))
+
+    def _blocking(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = list(super().select(timeout))
+        self._active = bool(ready)
+        return ready
 
 
 class BusyPollEventLoop(asyncio.SelectorEventLoop):

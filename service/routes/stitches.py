@@ -208,7 +208,7 @@ def _open_file(folder: pathlib.Path, name: str) -> BinaryIO | None:
     home = folder.resolve()
     homes = [home]
     if home.parent.name == "snapshots":  # huggingface_hub's cache: snapshots/<rev>/name -> blobs
-        homes.append(home.parent.parent / "blobs")
+        homes.append((home.parent.parent / "blobs").resolve())  # itself a link, maybe
     if not any(real.is_relative_to(h) for h in homes):
         return None
     try:  # without O_NONBLOCK, opening a FIFO waits for a writer

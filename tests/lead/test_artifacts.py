@@ -311,6 +311,32 @@ def test_files_that_are_not_regular_files_are_refused_without_blocking(saved: Pa
         load_stitch(saved)
 
 
+def test_layer_counts_and_parameter_kinds_are_checked(tmp_path: Path) -> None:
+    # a depth of 10**8 built modules for minutes and gigabytes before any check
+    folder = save_stitch(_mlp(), tmp_path / "mlp")
+    for changes, message in (
+        ({"depth": 10**8}, "depth in"),
+        ({"depth": True}, "depth must be a number"),
+        ({"hidden_dim": "8"}, "hidden_dim must be a number"),
+    ):
+        original = (folder / "config.json").read_text()
+        _edit_config(folder, **changes)
+        with pytest.raises(StitchFormatError, match=message):
+            load_stitch(folder)
+        (folder / "config.json").write_text(original)
+    orthogonal = save_stitch(_fitted("procrustes", scaling=True), tmp_path / "orthogonal")
+    _edit_config(orthogonal, scaling="false")  # loaded as true
+    with pytest.raises(StitchFormatError, match="scaling must be true or false"):
+        load_stitch(orthogonal)
+
+
+def test_a_huge_config_is_refused_unread(saved: Path) -> None:
+    with open(saved / "config.json", "r+b") as config:
+        config.truncate(64 << 20)  # sparse: no disk, but read whole it took the memory
+    with pytest.raises(StitchFormatError, match="a stitch config holds at most"):
+        load_stitch(saved)
+
+
 def test_tensors_declared_in_config_must_match(saved: Path) -> None:
     _edit_config(saved, tensors={"weight": [3, 5], "source_mean": [5]})
     with pytest.raises(StitchFormatError, match="'target_mean' is missing"):
@@ -486,3 +512,23 @@ def test_save_rejects_an_unknown_storage_dtype(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="dtype"):
         save_stitch(_fitted("ridge"), tmp_path / "x", dtype="int8")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_full_disk_while_saving_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors reports ENOSPC as text in a SafetensorError, which the service mapped to
+    500 and ``lead fit`` printed as a traceback."""
+    from safetensors import SafetensorError
+
+    from lead.errors import StorageFullError
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr(lead.artifacts, "save_file", full)
+    with pytest.raises(StorageFullError, match="no space left"):
+        save_stitch(_fitted("ridge"), tmp_path / "stitch")
+    assert list(tmp_path.iterdir()) == []  # no temporary folder left

@@ -607,6 +607,17 @@ def test_files_that_cannot_be_written_are_a_message_not_a_traceback(
     assert err.startswith("error: ") and str(blocker) in err and "Traceback" not in err
 
 
+def test_an_output_that_is_a_directory_leaves_no_temporary_file(
+    fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = fitted
+    (tmp_path / "out.npy").mkdir()
+    args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output"]
+    assert main([*args, str(tmp_path / "out.npy"), "--force"]) == 1
+    assert "is a directory" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["out.npy"]
+
+
 def test_a_full_disk_leaves_no_temporary_file(
     fitted: tuple[Path, dict],
     tmp_path: Path,

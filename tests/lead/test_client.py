@@ -162,6 +162,11 @@ def test_ids_cannot_walk_to_another_route(lead: LeadClient, trained: dict[str, A
     with pytest.raises(NotFoundError):
         lead.get_stitch(f"../jobs/{trained['job']['id']}")
     assert lead.get_stitch(stitch_id)["id"] == stitch_id  # still served
+    for empty in ("", "/"):  # the collection's URL answered a redirect, not JSON
+        with pytest.raises(InvalidInputError, match="an id cannot be empty"):
+            lead.get_dataset(empty)
+        with pytest.raises(InvalidInputError, match="an id cannot be empty"):
+            lead.get_job(empty)
 
 
 def test_wait_timeout_then_cancel(lead: LeadClient, trained: dict[str, Any]) -> None:

@@ -64,3 +64,13 @@ def test_a_methods_early_stopping_split_says_how_many_pairs_it_needs() -> None:
     assert caught.value.minimum == 35 and caught.value.got == 16
     train, held = early_stopping_split(35, 0.1, 0, method="MLP")  # enough: 31 + 4
     assert (len(train), len(held)) == (31, 4)
+
+
+@pytest.mark.parametrize("fraction", [1e-310, 5e-324, 1e-12])
+def test_a_vanishing_early_stopping_share_is_too_few_pairs_not_an_overflow(
+    fraction: float,
+) -> None:
+    """``holdout_fraction=1e-310`` divided into infinity: an OverflowError (a job's 500)."""
+    with pytest.raises(TooFewPairsError, match="too small a share") as caught:
+        early_stopping_split(80, fraction, 0, method="MLP")
+    assert caught.value.param == "holdout_fraction"

@@ -53,6 +53,9 @@ def test_an_idle_server_polls_then_blocks_and_a_busy_one_blocks_at_once(
     assert selector.polls == [0.01]
     selector.polls.clear()
     assert selector.select(0) == [] and selector.polls == [0]  # never polls for a poll
+    selector.polls.clear()
+    selector.idle = lambda: True  # idle, but the last wait ended on a timer: no traffic
+    assert selector.select(0.01) == [] and selector.polls == [0.01]
     selector.close()
 
 

@@ -380,6 +380,8 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
      "too_few_pairs"),
     ("too few for early stopping", lambda sf: tiny_body(sf, n=40, method="invertible"), 422,
      "too_few_pairs"),
+    ("vanishing early-stopping share", lambda sf: tiny_body(sf, n=INLINE_LIMIT, method="mlp",
+     options={"holdout_fraction": 1e-310}), 422, "too_few_pairs"),  # was a 500 (overflow)
     ("rows differ", lambda sf: {**tiny_body(sf), "target": b64(sf.corpus["pml3"][:15])}, 422,
      "shape_mismatch"),
     ("ragged", lambda sf: {**tiny_body(sf), "source": _ragged(sf)}, 422, "shape_mismatch"),

@@ -226,7 +226,7 @@ class LeadClient:
         URL (httpx's own says ``[Errno 111] Connection refused``, without one)."""
         try:
             yield
-        except httpx.TransportError as error:
+        except httpx.HTTPError as error:  # the client raises no HTTPStatusError itself
             reason = str(error) or type(error).__name__
             raise le.StoreError(
                 f"cannot reach the LEAD server at {self.http.base_url}: {reason}", param="server"

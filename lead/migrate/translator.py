@@ -28,7 +28,6 @@ from lead.errors import (
     NoConfidenceError,
     NonFiniteOutputError,
     StitchNotFoundError,
-    StoreError,
 )
 from lead.stitches import Stitch, oriented
 from lead.unit_input import normalize_input
@@ -371,10 +370,8 @@ class RemoteTranslator:
 
 @contextmanager
 def _reaching(server: str) -> Iterator[None]:
-    """Transport failures talking to a LEAD server as one :class:`StoreError`; a refused
-    key says where the key comes from."""
-    import httpx
-
+    """A refused key says where a migration's key comes from (an unreachable server is
+    already a :class:`~lead.errors.StoreError` naming its URL: :class:`~lead.client.LeadClient`)."""
     try:
         yield
     except AuthenticationError as error:
@@ -382,11 +379,6 @@ def _reaching(server: str) -> Iterator[None]:
             f"{error.message} (the LEAD server at {server} wants an API key: migrations send "
             "the one in LEAD_API_KEY)",
             param=error.param,
-        ) from None
-    except httpx.HTTPError as error:
-        reason = str(error) or type(error).__name__
-        raise StoreError(
-            f"cannot reach the LEAD server at {server}: {reason}", param="server"
         ) from None
 
 

@@ -566,8 +566,10 @@ def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int,
     from lead.splits import early_stopping_split
     from lead.training import MLPConfig
 
-    defaults = {"mlp": ("MLP", MLPConfig.holdout_fraction)}
-    defaults["invertible"] = ("invertible", InvertibleConfig.holdout_fraction)
+    defaults = {
+        "mlp": ("MLP", MLPConfig.holdout_fraction),
+        "invertible": ("invertible", InvertibleConfig.holdout_fraction),
+    }
     if method not in defaults:
         return
     name, fraction = defaults[method]

@@ -569,6 +569,8 @@ def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int,
     defaults = {
         "mlp": ("MLP", MLPConfig.holdout_fraction),
         "invertible": ("invertible", InvertibleConfig.holdout_fraction),
+        # the gated stitch's MLP expert, on every training pair, with MLPConfig's share
+        "gated": ("gated stitch's MLP", MLPConfig.holdout_fraction),
     }
     if method not in defaults:
         return

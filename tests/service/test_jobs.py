@@ -663,7 +663,14 @@ def test_local_options_that_cannot_fit_are_refused_at_submission(
     ok = jobs.post(
         "/v1/jobs", json=tiny_body(scifact_small, n=40, method=method, options={"k": 30})
     )
-    assert ok.status_code == 202, ok.text
+    if method == "local":
+        assert ok.status_code == 202, ok.text
+    else:  # k fits, but the MLP's early stopping would hold out 3 of the 30: refused now
+        assert ok.status_code == 422, ok.text
+        error = ok.json()["error"]
+        assert (error["code"], error["param"]) == ("too_few_pairs", "pairs"), error
+        assert "gated stitch's MLP" in error["message"]
+        assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
     if method == "gated":  # it trains (its MLP holds out 4+ of 45 pairs) and is served
         # (45 pairs are too few to beat the mean estimator: served all the same)
         body = tiny_body(scifact_small, n=60, method=method, allow_below_baseline=True)

@@ -53,6 +53,10 @@ def parse_spec(spec: str | Path) -> tuple[Path, str | None]:
     return Path(text), None
 
 
+#: safetensors' dtype codes of floating values, as NumPy names them (integers: lower case).
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
 class EmbeddingReader:
     """Lazy, row-range reader of one 2-D embedding array in a ``.safetensors`` or ``.npy`` file.
 
@@ -68,6 +72,9 @@ class EmbeddingReader:
         The safetensors tensor name (``None`` for ``.npy``).
     shape : tuple of int
         ``(n, d)``.
+    dtype : str
+        How the file stores the values, as NumPy names it (``float32``, ``float64``,
+        ``float16``, ``bfloat16``, ``int8``, ...); :meth:`read` gives float32 whatever it is.
 
     Raises
     ------
@@ -92,9 +99,10 @@ class EmbeddingReader:
         if suffix == ".npy":
             if self.tensor is not None:
                 raise InvalidInputError(f"{self.path}: .npy files hold one array", param=self.spec)
-            shape = tuple(self._npy().shape)
+            array = self._npy()
+            shape, self.dtype = tuple(array.shape), array.dtype.name
         else:
-            shape = self._safetensors_shape()
+            shape, self.dtype = self._safetensors_shape()
         if len(shape) != 2:
             raise ShapeMismatchError(
                 f"{self.spec} must hold a 2-D array (n, d), got shape {shape}",
@@ -115,7 +123,7 @@ class EmbeddingReader:
             raise DecodeError(f"{self.path} holds {array.dtype}, not numbers", param=self.spec)
         return array
 
-    def _safetensors_shape(self) -> tuple[int, ...]:
+    def _safetensors_shape(self) -> tuple[tuple[int, ...], str]:
         try:
             with safe_open(str(self.path), framework="pt") as f:
                 names = list(f.keys())
@@ -132,7 +140,9 @@ class EmbeddingReader:
                         f"{self.path} has no tensor {self.tensor!r} (it has {', '.join(names)})",
                         param=self.spec,
                     )
-                return tuple(f.get_slice(self.tensor).get_shape())
+                found = f.get_slice(self.tensor)
+                code = found.get_dtype()
+                return tuple(found.get_shape()), _SAFETENSORS_DTYPES.get(code, code.lower())
         except (SafetensorError, OSError) as error:
             raise DecodeError(f"cannot read {self.path} as safetensors: {error}") from None
 

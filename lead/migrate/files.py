@@ -87,6 +87,7 @@ class ArraySource(Closing):
             dim=int(self.reader.shape[1]),
             id_kind="int",
             null_rows=0,
+            vector_type=self.reader.dtype,
         )
 
     def check(self, *, skip_null: bool = False) -> None:
@@ -335,7 +336,8 @@ class ParquetSource(Closing):
         dim = self._dim or 0
         self._read_rows = max(64, _READ_BYTES // (4 * max(dim, 1)))
         uri = with_params(str(path), column=self.column, id=self.id_column)
-        self.info = SourceInfo(uri, rows, dim, id_kind, nulls)
+        stored = np.dtype(column_type.value_type.to_pandas_dtype()).name  # float64, int8, ...
+        self.info = SourceInfo(uri, rows, dim, id_kind, nulls, stored)
 
     def _null_count(self) -> int | None:
         total = 0

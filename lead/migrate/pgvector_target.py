@@ -87,7 +87,11 @@ class PgVectorTarget(PgStore):
                 f"type={self.vector_type!r}: use vector or halfvec", param="type"
             )
         self.key = f"{self.schema}.{self.table}.{self.column}"
-        self.uri = self.where = with_params(parsed.uri, table=table, column=self.column)
+        # the URI as given: halfvec named too, so that what apply prints is this target
+        shown_type = None if self.vector_type == "vector" else self.vector_type
+        self.uri = self.where = with_params(
+            parsed.uri, table=table, column=self.column, type=shown_type
+        )
         self.conn = connect(parsed)
         self.new_table = True
         self.id_kind = "int"

@@ -212,7 +212,9 @@ class SourceInfo:
     null_rows : int or None
         Rows whose vector is NULL / missing (None: not known without a full scan).
     vector_type : str
-        How vectors are stored: ``float32``, ``float16``, ``vector``, ``halfvec``.
+        How the source stores its values: a file's NumPy dtype name (``float32``,
+        ``float64``, ``float16``, ...), pgvector's ``vector`` or ``halfvec``, Qdrant's
+        datatype. Read as float32 whatever it is.
     """
 
     uri: str
@@ -283,19 +285,27 @@ def check_same_migration(
     Raises
     ------
     ConflictError
-        Naming the first setting that differs, with both values.
+        Naming every setting that differs, with both values.
     """
     # the stitch as named ("minilm-to-mpnet", a folder, a server's id) may differ between
     # runs: its stitch_sha256 (config and weights) says whether it is the same stitch
     keys = (set(want) | set(have)) - {"stitch", *ignore}
     differ = sorted(k for k in keys if want.get(k) != have.get(k))
     if differ:
-        key = differ[0]
+        shown = "; ".join(
+            f"{key}: {_short(have.get(key))}, this run: {_short(want.get(key))}" for key in differ
+        )
         raise ConflictError(
-            f"{where} holds another migration ({key}: {have.get(key)!r}, this run: "
-            f"{want.get(key)!r}); choose a new target, or remove this one first",
+            f"{where} holds another migration ({shown}); choose a new target, or remove this "
+            "one first",
             param="target",
         )
+
+
+def _short(value: Any, most: int = 120) -> str:
+    """``repr(value)``, cut to ``most`` characters."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 3]}..."
 
 
 @dataclass(frozen=True)

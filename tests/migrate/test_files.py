@@ -402,9 +402,10 @@ def test_the_confidence_column_lands_with_the_vectors_and_survives_resume(
             source, str(target), scored, batch_size=90, progress=stop_after_two,
             confidence_column="conf",
         )  # fmt: skip
-    # resuming with another setting is another migration
-    with pytest.raises(ConflictError, match="confidence_column"):
-        _apply(source, target, scored, batch_size=90)
+    # resuming with another setting is another migration, every difference named
+    with pytest.raises(ConflictError, match="confidence_column") as refused:
+        _apply(source, target, scored, batch_size=90, normalize=True)
+    assert "normalize: False, this run: True" in str(refused.value)
     result = _apply(source, target, scored, batch_size=90, confidence_column="conf")
     assert (result.resumed_from, result.rows_written) == (180, len(X) - 180)
     table = pq.read_table(target)

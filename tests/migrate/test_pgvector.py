@@ -61,7 +61,8 @@ def test_apply_new_column_text_ids_and_halfvec(pg_uri, scifact_small, minilm_to_
     source = make_table(pg_uri, "t_text", ids, X)
     before = checksum(pg_uri, "t_text")
     target = with_params(pg_uri, table="t_text", column="emb_mpnet", type="halfvec")
-    migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    result = migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    assert "type=halfvec" in result.target  # what apply prints names the target as given
     got = _fetch(target, ids[::-1])
     np.testing.assert_allclose(got, minilm_to_mpnet(X[::-1]), atol=2e-3, rtol=0)  # float16
     assert checksum(pg_uri, "t_text") == before

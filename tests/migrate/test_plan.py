@@ -42,3 +42,19 @@ def test_a_clean_source_has_no_problems(scifact_small, tmp_path):
     )
     result = migrate.plan(source, UNIT_STITCH)
     assert result.ok and result.problems == [] and result.estimated_seconds > 0
+
+
+def test_the_stored_value_type_is_named_as_the_source_holds_it(scifact_small, tmp_path):
+    """float64 Parquet lists and .npy files were reported as float32 (what they are read as)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X = scifact_small.corpus["minilm"][:50].astype(np.float64)
+    lists = pa.array(list(X), type=pa.list_(pa.float64()))
+    path = tmp_path / "double.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(50)), "emb": lists}), path)
+    np.save(tmp_path / "half.npy", X.astype(np.float16))
+    for source, stored in ((f"{path}?column=emb", "float64"), (tmp_path / "half.npy", "float16")):
+        result = migrate.plan(str(source), UNIT_STITCH)
+        assert result.ok, result.problems
+        assert result.source["vector_type"] == stored

@@ -22,6 +22,7 @@ The server comes from ``--server`` or ``LEAD_SERVER_URL``, the key from ``--api-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -132,31 +133,41 @@ def _submit(client: LeadClient, args: argparse.Namespace) -> int:
     from lead.data import read_embeddings
 
     dataset = args.dataset
+    options = parse_option_items(args.option)  # a bad --option before any upload
+    uploaded = None
     if dataset is None:
         if not (args.source and args.target):
             return _fail("give --dataset, or --source and --target files")
         source, target = read_embeddings(args.source), read_embeddings(args.target)
         name = f"{args.source_model} -> {args.target_model}"[:_NAME_LIMIT]
-        dataset = client.upload_pairs(
+        dataset = uploaded = client.upload_pairs(
             source,
             target,
             name=name,
             source_model=args.source_model,
             target_model=args.target_model,
         )["id"]
-    job = client.submit_job(
-        args.source_model,
-        args.target_model,
-        dataset=dataset,
-        method=args.method,
-        options=parse_option_items(args.option),
-        holdout_fraction=args.holdout,
-        seed=args.seed,
-        push_to_hub=args.push_to_hub,
-        stitch_id=args.stitch_id,
-        allow_below_baseline=args.allow_below_baseline,
-        idempotency_key=args.idempotency_key,
-    )
+    try:
+        job = client.submit_job(
+            args.source_model,
+            args.target_model,
+            dataset=dataset,
+            method=args.method,
+            options=options,
+            holdout_fraction=args.holdout,
+            seed=args.seed,
+            push_to_hub=args.push_to_hub,
+            stitch_id=args.stitch_id,
+            allow_below_baseline=args.allow_below_baseline,
+            idempotency_key=args.idempotency_key,
+        )
+    except Exception:
+        # a refused job leaves no dataset behind (each retry uploaded one more); a job
+        # the server took after all keeps its dataset (deleting it is refused then)
+        if uploaded is not None:
+            with contextlib.suppress(Exception):
+                client.delete_dataset(uploaded)
+        raise
     if args.wait:
         return _wait(client, job["id"], args.interval, None)
     _print(job)

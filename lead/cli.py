@@ -746,8 +746,9 @@ def _os_error_message(error: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``lead`` command line; returns the exit status (2 for a LEAD error, 1 for a
-    file that cannot be read or written)."""
+    """Run the ``lead`` command line; returns the exit status: 2 for any error (a LEAD
+    error, a file that cannot be read or written), so that 1 keeps its meanings of a
+    check that did not pass (``migrate plan`` / ``calibrate`` / ``verify``, a failed job)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -763,7 +764,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OSError as error:  # a file named on the command line: missing, read-only, full...
         print(f"error: {_os_error_message(error)}", file=sys.stderr)
-        return 1
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

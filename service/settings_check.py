@@ -12,8 +12,10 @@ show a password.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -22,7 +24,7 @@ from lead.errors import LeadError
 from service.loader import resolve_device
 from service.settings import Settings
 
-__all__ = ["main"]
+__all__ = ["OTHER_VARIABLES", "describe", "main", "unknown_variables"]
 
 
 def _writable_folder(folder: Path) -> None:
@@ -51,8 +53,56 @@ def _check_jobs(settings: Settings) -> None:
         check_ray_reachable(settings.ray_address)
 
 
+#: ``LEAD_*`` variables that are not settings of the service: read by the scripts, the
+#: ``lead`` CLI and client, the benchmarks and the live-Hub tests.
+OTHER_VARIABLES = frozenset(
+    {
+        "LEAD_API_KEY",
+        "LEAD_SERVER_URL",
+        "LEAD_SHARED_DATA",
+        "LEAD_VENV",
+        "LEAD_EXTRAS",
+        "LEAD_TEST_HUB_REPO",
+        "LEAD_TEST_HUB_ORG",
+        "LEAD_SCALEOUT_SECONDS",
+    }
+)
+
+
+def _variable(field: object) -> str:
+    return f"LEAD_{str(field).upper()}"
+
+
+def describe(error: ValidationError) -> str:
+    """Each refused setting as ``LEAD_NAME: why``, one per line (pydantic names the fields
+    and adds a documentation link; the variables are what a user set). Values are not
+    repeated: the settings hold secrets."""
+    lines = []
+    for item in error.errors(include_url=False):
+        loc = item.get("loc") or ("",)
+        where = _variable(loc[0]) if loc[0] else "settings"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``LEAD_*`` variable that is no setting (a misspelt one is
+    otherwise ignored without a word), with the closest setting's name."""
+    known = {_variable(name) for name in Settings.model_fields} | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        if name.upper().startswith("LEAD_") and name.upper() not in known:
+            close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(f"{name} is not a LEAD setting and is ignored{hint}")
+    return warnings
+
+
 def main() -> int:
     """Check the settings of the environment; 0 when the service can start with them."""
+    for warning in unknown_variables(os.environ):
+        sys.stderr.write(f"LEAD settings: warning: {warning}\n")
     try:
         settings = Settings()
         resolve_device(settings.device)
@@ -61,7 +111,10 @@ def main() -> int:
     except LeadError as exc:
         sys.stderr.write(f"LEAD settings: {exc.message}\n")
         return 1
-    except (ValidationError, RuntimeError, OSError) as exc:  # RuntimeError: no CUDA there
+    except ValidationError as exc:
+        sys.stderr.write("".join(f"LEAD settings: {line}\n" for line in describe(exc).split("\n")))
+        return 1
+    except (RuntimeError, OSError) as exc:  # RuntimeError: no CUDA there
         sys.stderr.write(f"LEAD settings: {exc}\n")
         return 1
     return 0

@@ -602,7 +602,7 @@ def test_files_that_cannot_be_written_are_a_message_not_a_traceback(
     blocker.write_text("")
     inside = blocker / "sub.npy"  # its parent is a file
     args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output", str(inside)]
-    assert main(args) == 1
+    assert main(args) == 2  # an error, as every other (1: a check that did not pass)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(blocker) in err and "Traceback" not in err
 
@@ -613,7 +613,7 @@ def test_an_output_that_is_a_directory_leaves_no_temporary_file(
     out, _ = fitted
     (tmp_path / "out.npy").mkdir()
     args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output"]
-    assert main([*args, str(tmp_path / "out.npy"), "--force"]) == 1
+    assert main([*args, str(tmp_path / "out.npy"), "--force"]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["out.npy"]
 
@@ -640,6 +640,6 @@ def test_a_full_disk_leaves_no_temporary_file(
     out, _ = fitted
     target = tmp_path / "out.npy"
     args = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output", str(target)]
-    assert main(args) == 1
+    assert main(args) == 2
     assert "no space left on device" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

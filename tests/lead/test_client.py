@@ -354,6 +354,20 @@ def test_cli_submit_from_files_and_local_align(cli: Any, pairs_file: Path) -> No
     assert "warning: the cross-validated ridge_r2_score" in err and "row i of --source" in err
 
 
+def test_a_refused_submission_leaves_no_uploaded_dataset(
+    cli: Any, lead: LeadClient, pairs_file: Path
+) -> None:
+    """Each refused `jobs submit --source/--target` left its upload on the server (a new
+    user's retries with a misspelt method made a dataset each)."""
+    before = len(lead.list_datasets(limit=100)["data"])
+    status, _, err = cli(
+        "jobs", "submit", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
+        "--source-model", MINILM, "--target-model", MPNET, "--method", "ridgee",
+    )  # fmt: skip
+    assert status == 2 and "unknown method 'ridgee'" in err
+    assert len(lead.list_datasets(limit=100)["data"]) == before
+
+
 def test_cli_submit_allow_below_baseline(cli: Any, tmp_path: Path) -> None:
     from safetensors.numpy import load_file
 

@@ -116,3 +116,27 @@ def test_an_unreachable_ray_address_stops_the_server_within_seconds(tmp_path: Pa
     env["LEAD_RAY_ADDRESS"] = "127.0.0.1"  # no port
     check = _settings_check(env)
     assert check.returncode == 1 and "is not auto, host:port or ray://host:port" in check.stderr
+
+
+def test_a_refused_setting_is_named_by_its_variable_and_a_misspelt_one_is_warned_about(
+    tmp_path: Path,
+) -> None:
+    """pydantic named the field (``max_vectors``) with a documentation link, and a misspelt
+    variable (``LEAD_MAX_VECTOR``) was ignored without a word (a new user's trial)."""
+    env = _env(
+        tmp_path, LEAD_MAX_VECTORS="lots", LEAD_DEVICE="gpu", LEAD_MAX_VECTOR="10"
+    )  # fmt: skip
+    env["LEAD_API_KEYS"] = f"{PASSWORD}:nosuchscope"
+    check = _settings_check(env)
+    assert check.returncode == 1
+    lines = check.stderr.splitlines()
+    assert "LEAD settings: LEAD_MAX_VECTORS: Input should be a valid integer" in check.stderr
+    assert "LEAD settings: LEAD_DEVICE: device must be auto, cpu, cuda or cuda:N" in check.stderr
+    assert any(line.startswith("LEAD settings: LEAD_API_KEYS: ") for line in lines), lines
+    assert (
+        "LEAD settings: warning: LEAD_MAX_VECTOR is not a LEAD setting and is ignored "
+        "(did you mean LEAD_MAX_VECTORS?)"
+    ) in lines
+    assert "pydantic.dev" not in check.stderr and PASSWORD not in check.stderr
+    good = _settings_check(_env(tmp_path, LEAD_SHARED_DATA="/nowhere"))  # not a setting: quiet
+    assert good.returncode == 0 and "LEAD_SHARED_DATA" not in good.stderr

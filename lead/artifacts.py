@@ -28,6 +28,7 @@ from lead._model_card import model_card
 from lead._version import __version__
 from lead.errors import (
     ConflictError,
+    HubError,
     InvalidInputError,
     LeadError,
     ShapeMismatchError,
@@ -39,6 +40,7 @@ from lead.stitches import Stitch, StitchInfo, stitch_class
 
 __all__ = [
     "ARTIFACT_FILES",
+    "BUNDLED_MODELS_DIR",
     "FORMAT",
     "FORMAT_VERSION",
     "load_stitch",
@@ -56,6 +58,8 @@ ARTIFACT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
 #: Tensors of the stitch's confidence head are named ``confidence.*`` (always float32).
 CONFIDENCE_PREFIX = "confidence."
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+#: The bundled stitches of a source checkout (``models/``), each a folder named by its id.
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 
 #: The largest config.json read (the bundled ones, held-out ids included, are ~100 KB).
@@ -460,9 +464,11 @@ def stitch_folder(folder_or_repo_id: str | Path, revision: str | None = None) ->
     Parameters
     ----------
     folder_or_repo_id : str or Path
-        A local stitch folder (returned as it is); otherwise a Hub repo id ``org/name``,
-        optionally pinned as ``org/name@revision``, whose ``config.json``,
-        ``model.safetensors`` and ``README.md`` are fetched through the Hugging Face cache.
+        A local stitch folder (returned as it is); a bundled stitch's id
+        (``minilm-to-mpnet``: a folder of :data:`BUNDLED_MODELS_DIR`, in a source checkout);
+        otherwise a Hub repo id ``org/name``, optionally pinned as ``org/name@revision``,
+        whose ``config.json``, ``model.safetensors`` and ``README.md`` are fetched through
+        the Hugging Face cache.
     revision : str, optional
         Hub branch, tag or commit; must agree with an ``@revision`` in the id.
 
@@ -484,12 +490,38 @@ def stitch_folder(folder_or_repo_id: str | Path, revision: str | None = None) ->
     folder = Path(spec)
     if folder.is_dir():
         return folder
+    bundled = BUNDLED_MODELS_DIR / spec
+    if "/" not in spec and spec not in (".", "..") and (bundled / CONFIG_FILE).is_file():
+        return bundled
     repo_id, _, pinned = spec.partition("@")
     if not _REPO_ID.match(repo_id) or (folder.exists() and not pinned):
-        raise StitchNotFoundError(f"no stitch folder or Hub repo {spec!r}", param="stitch")
+        raise StitchNotFoundError(
+            f"no stitch folder, bundled stitch or Hub repo {spec!r}{_bundled_hint()}",
+            param="stitch",
+        )
     if pinned and revision and pinned != revision:
         raise InvalidInputError(f"revision {revision!r} disagrees with {spec!r}", param="revision")
-    return download_snapshot(repo_id, pinned or revision, ARTIFACT_FILES)
+    try:
+        return download_snapshot(repo_id, pinned or revision, ARTIFACT_FILES)
+    except (HubError, StitchNotFoundError) as error:
+        # "models/minilm-to-mpnett" has a Hub id's form, but models/ is a folder here: a
+        # misspelt path, which the Hub's network error would not say
+        near = Path(repo_id).parent
+        if not near.is_dir():
+            raise
+        raise StitchNotFoundError(
+            f"no stitch folder {spec!r}: the folder {near} has no {Path(repo_id).name!r} "
+            f"(as a Hub repo id it was not found either: {error.message})",
+            param="stitch",
+        ) from None
+
+
+def _bundled_hint() -> str:
+    """``" (bundled: a, b, ...)"``, or nothing when there are no bundled stitches."""
+    if not BUNDLED_MODELS_DIR.is_dir():
+        return ""
+    ids = sorted(p.name for p in BUNDLED_MODELS_DIR.iterdir() if (p / CONFIG_FILE).is_file())
+    return f" (bundled: {', '.join(ids)})" if ids else ""
 
 
 def load_stitch(
@@ -503,8 +535,9 @@ def load_stitch(
     Parameters
     ----------
     folder_or_repo_id : str or Path
-        A local stitch folder; otherwise a Hub repo id ``org/name``, optionally pinned
-        as ``org/name@revision``. Hub files go through ``huggingface_hub.snapshot_download``,
+        A local stitch folder, a bundled stitch's id (``minilm-to-mpnet``, in a source
+        checkout); otherwise a Hub repo id ``org/name``, optionally pinned as
+        ``org/name@revision``. Hub files go through ``huggingface_hub.snapshot_download``,
         which uses the Hugging Face cache (``HF_HUB_CACHE``) and honours ``HF_HUB_OFFLINE``.
     revision : str, optional
         Hub branch, tag or commit; must agree with an ``@revision`` in the id.

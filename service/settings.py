@@ -28,10 +28,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lead.artifacts import BUNDLED_MODELS_DIR
+
 __all__ = ["DEFAULT_MODELS_DIR", "SCOPES", "ApiKey", "Scope", "Settings"]
 
 #: ``models/`` of the repository: the bundled stitches.
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+DEFAULT_MODELS_DIR = BUNDLED_MODELS_DIR
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,30}")

@@ -293,13 +293,13 @@ def _without_id_lists(value: Any) -> Any:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from lead.artifacts import stitch_folder
     from lead.migrate.calibrate import fitted_ids
-    from lead.migrate.translator import resolve_stitch_folder
     from lead.migrate.verify import run_verify
 
     # a folder, a bundled id or a Hub repo, as apply takes it (only calibrate's stitches
     # record fitted ids: for the others nothing is left out of the sample)
-    folder = resolve_stitch_folder(args.stitch) if args.stitch else None
+    folder = stitch_folder(args.stitch) if args.stitch else None
     excluded = fitted_ids(folder) if folder else None
     # R² against the mean the stitch was fitted towards, as calibrate scored it
     train_mean = _stitch_target_mean(folder) if folder else None

@@ -33,16 +33,13 @@ from lead.stitches import Stitch, oriented
 from lead.unit_input import normalize_input
 
 __all__ = [
-    "BUNDLED_MODELS_DIR",
     "LocalTranslator",
     "RemoteTranslator",
     "StitchRef",
     "Translator",
-    "resolve_stitch_folder",
 ]
 
 #: ``models/`` of the repository: ``--stitch minilm-to-mpnet`` names a bundled stitch.
-BUNDLED_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
 @dataclass(frozen=True)
@@ -78,23 +75,6 @@ class Translator(Protocol):
     def __call__(self, rows: np.ndarray) -> np.ndarray: ...
 
     def close(self) -> None: ...
-
-
-def resolve_stitch_folder(name: str | Path) -> Path:
-    """A stitch folder from a local folder, a bundled stitch id or a Hub repo id.
-
-    Raises
-    ------
-    StitchNotFoundError
-        None of them.
-    """
-    text = str(name)
-    if Path(text).is_dir():
-        return Path(text)
-    bundled = BUNDLED_MODELS_DIR / text
-    if "/" not in text and (bundled / "config.json").is_file():
-        return bundled
-    return stitch_folder(text)
 
 
 def stitch_sha256(folder: Path) -> str:
@@ -171,7 +151,7 @@ class LocalTranslator:
         normalize: bool = False,
         device: str | None = None,
     ) -> None:
-        folder = resolve_stitch_folder(name)
+        folder = stitch_folder(name)
         self.stitch = load_stitch(folder, device=_device(device)).freeze()
         self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
         self.inverse, self.normalize = inverse, normalize

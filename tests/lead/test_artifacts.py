@@ -17,7 +17,15 @@ from huggingface_hub import errors as hf_errors
 from safetensors.torch import load_file, save_file
 
 import lead.artifacts
-from lead.artifacts import ARTIFACT_FILES, load_stitch, push_stitch, read_stitch_config, save_stitch
+from lead.artifacts import (
+    ARTIFACT_FILES,
+    BUNDLED_MODELS_DIR,
+    load_stitch,
+    push_stitch,
+    read_stitch_config,
+    save_stitch,
+    stitch_folder,
+)
 from lead.errors import (
     ConflictError,
     HubError,
@@ -428,6 +436,23 @@ def test_offline_hub_miss_is_not_found(offline_cache: Path) -> None:
         load_stitch("lead-org/toy-stitch@v2")
 
 
+def test_a_misspelt_folder_path_is_named_as_a_folder_not_a_hub_error(
+    offline_cache: Path, saved: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``models/minilm-to-mpnett`` has a Hub id's form: a new user's typo in LEAD_STITCHES
+    was reported as the Hub's network error."""
+    monkeypatch.chdir(saved.parent)
+    misspelt = f"{saved.name}/no-such-stitch"  # the folder exists, not the stitch in it
+    with pytest.raises(StitchNotFoundError) as caught:
+        load_stitch(misspelt)
+    message = caught.value.message
+    assert message.startswith(f"no stitch folder {misspelt!r}: the folder {saved.name} has")
+    assert "HF_HUB_OFFLINE" in message  # and why the Hub did not have it either
+    with pytest.raises(StitchNotFoundError, match="HF_HUB_OFFLINE") as caught:
+        load_stitch("lead-org/other-stitch")  # no such local folder: the Hub's error as it is
+    assert "no stitch folder" not in caught.value.message
+
+
 def test_revision_must_agree_with_the_id(offline_cache: Path) -> None:
     with pytest.raises(InvalidInputError, match="disagrees"):
         load_stitch("lead-org/toy-stitch@v1", revision="main")
@@ -436,8 +461,22 @@ def test_revision_must_agree_with_the_id(offline_cache: Path) -> None:
 def test_not_a_folder_nor_a_repo_id(tmp_path: Path) -> None:
     with pytest.raises(StitchNotFoundError):
         load_stitch("a/b/c")
-    with pytest.raises(StitchNotFoundError):
+    with pytest.raises(StitchNotFoundError) as caught:
         load_stitch("just-a-name")
+    assert "(bundled: e5-to-minilm, minilm-to-e5, minilm-to-mpnet," in caught.value.message
+
+
+def test_a_bundled_id_loads_as_the_cli_and_migrations_take_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lead translate minilm-to-mpnet`` and ``migrate.apply(..., "minilm-to-mpnet")``
+    worked, ``lead.load_stitch("minilm-to-mpnet")`` was not found (a new user's trial)."""
+    monkeypatch.chdir(tmp_path)  # not where models/ is
+    stitch = load_stitch("minilm-to-mpnet")
+    assert stitch.info.target_model == "sentence-transformers/all-mpnet-base-v2"
+    assert stitch_folder("minilm-to-mpnet") == BUNDLED_MODELS_DIR / "minilm-to-mpnet"
+    (tmp_path / "minilm-to-mpnet").mkdir()  # a local folder of that name comes first
+    assert stitch_folder("minilm-to-mpnet") == Path("minilm-to-mpnet")
 
 
 def test_hub_failures_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:

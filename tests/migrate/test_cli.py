@@ -205,7 +205,7 @@ def test_resume_as_another_user_or_by_another_name(demo, pg_uri, tmp_path, capsy
     """The same table and the same stitch files resume, however they are written."""
     import shutil
 
-    from lead.migrate.translator import BUNDLED_MODELS_DIR
+    from lead.artifacts import BUNDLED_MODELS_DIR
 
     copy = tmp_path / "copy"
     shutil.copytree(BUNDLED_MODELS_DIR / "minilm-to-mpnet", copy)

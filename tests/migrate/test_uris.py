@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from lead.artifacts import BUNDLED_MODELS_DIR
 from lead.errors import InvalidInputError, LeadError, StoreError
 from lead.migrate.stores import parse_store_uri
-from lead.migrate.translator import BUNDLED_MODELS_DIR, LocalTranslator, RemoteTranslator
+from lead.migrate.translator import LocalTranslator, RemoteTranslator
 
 SECRET = "Hunter2Secret"
 

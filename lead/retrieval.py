@@ -13,6 +13,7 @@ relevant document in the corpus is skipped, and the number skipped is reported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -130,11 +131,11 @@ def _judged(
     judged: list[tuple[int, dict[int, float]]] = []
     for row, qid in enumerate(query_ids):
         grades = qrels.get(str(qid), {})
-        relevant = {
-            row_of[str(doc)]: float(g)
-            for doc, g in grades.items()
-            if float(g) > 0 and str(doc) in row_of
-        }
+        relevant = {}
+        for doc, value in grades.items():
+            grade = _grade(value, qid, doc)
+            if grade > 0 and str(doc) in row_of:
+                relevant[row_of[str(doc)]] = grade
         if relevant:
             judged.append((row, relevant))
     if not judged:
@@ -144,6 +145,28 @@ def _judged(
             param="qrels",
         )
     return judged, n_rows - len(judged)
+
+
+def _grade(value: object, qid: object, doc: object) -> float:
+    """A relevance grade as a float: a finite real number (not a boolean).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the judgment.
+    """
+    where = f"qrels[{str(qid)!r:.80}][{str(doc)!r:.80}]"
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidInputError(
+            f"{where} must be a number, got {type(value).__name__}", param="qrels"
+        )
+    try:
+        grade = float(value)
+    except OverflowError:  # an int beyond the float range
+        grade = math.inf
+    if not math.isfinite(grade):
+        raise InvalidInputError(f"{where} must be a finite number", param="qrels")
+    return grade
 
 
 def _check_ranking(ranking: Any, corpus_ids: Sequence[str], k: int) -> np.ndarray:
@@ -197,8 +220,9 @@ def ndcg_at_k_score(
     ShapeMismatchError
         ``query_ids`` not matching the ranking, or a ranking that is not 2-D integers.
     InvalidInputError
-        Rows outside the corpus, duplicate corpus ids, ``k < 1``, or no query with a
-        relevant document in the corpus.
+        Rows outside the corpus, duplicate corpus ids, ``k < 1``, a grade that is not a
+        finite number (a boolean, a string, NaN, an integer beyond the float range), or no
+        query with a relevant document in the corpus.
 
     Notes
     -----

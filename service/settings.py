@@ -312,9 +312,25 @@ class Settings(BaseSettings):
         "with Retry-After.",
     )
 
-    @field_validator("stitches", "api_keys", mode="before")
+    @field_validator("stitches", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        # an empty entry is refused, not dropped: "${KEY_1},${KEY_2}" with both variables
+        # unset (",") turned authentication off
+        if isinstance(value, str) and not value.strip().startswith("["):
+            parts = [part.strip() for part in value.split(",")]
+            empty = [i + 1 for i, part in enumerate(parts) if not part]
+            if empty:
+                raise ValueError(
+                    f"entry {empty[0]} of {len(parts)} is empty; list keys as KEY or KEY:SCOPE "
+                    "separated by commas (unset the variable to serve without keys)"
+                )
+            return parts
         return _split_list(value)
 
     @field_validator("api_keys")

@@ -77,11 +77,24 @@ class PairedData:
     retrieval: dict[str, Any] | None = None
 
 
+#: The largest relevance grade a dataset may hold (BEIR's are 0-2; 10**400 overflowed the
+#: float conversion of a job's retrieval scores, an internal error).
+_MAX_GRADE = 2**31 - 1
+
+
+def _is_grade(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _MAX_GRADE
+
+
 def _json_meta(meta: dict[str, str], key: str) -> Any:
     try:
         return json.loads(meta[key])
     except (ValueError, TypeError) as exc:
         raise DecodeError(f"metadata entry {key!r} is not valid JSON: {exc}", param=key) from None
+    except RecursionError:  # "[[[[..." a hundred thousand deep
+        raise DecodeError(
+            f"metadata entry {key!r} is nested too deeply to be read", param=key
+        ) from None
 
 
 def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
@@ -112,10 +125,12 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
                 param=key,
             )
     if not isinstance(qrels, dict) or not all(
-        isinstance(v, dict) and all(isinstance(g, int) for g in v.values()) for v in qrels.values()
+        isinstance(v, dict) and all(_is_grade(g) for g in v.values()) for v in qrels.values()
     ):
         raise InvalidInputError(
-            "qrels must be a JSON object {query_id: {corpus_id: grade}}", param="qrels"
+            "qrels must be a JSON object {query_id: {corpus_id: grade}}, each grade an "
+            f"integer of at most {_MAX_GRADE} in magnitude",
+            param="qrels",
         )
     corpus = set(corpus_ids)
     judged = sum(

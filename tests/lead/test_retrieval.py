@@ -119,6 +119,12 @@ def test_retrieval_errors() -> None:
         recall_at_k_score(np.array([[7]]), qrels={"a": {"d0": 1}}, **ids)
     with pytest.raises(ShapeMismatchError):
         recall_at_k_score(np.array([0.5]), qrels={"a": {"d0": 1}}, **ids)
+    # a grade beyond the float range was an OverflowError (a job's internal error)
+    for grade, why in ((10**400, "finite"), (float("nan"), "finite"), (True, "a number, got bool")):
+        with pytest.raises(InvalidInputError, match=why) as caught:
+            ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": grade}}, **ids)
+        assert "qrels['a']['d0']" in caught.value.message
+    assert ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": np.int64(2)}}, **ids) == 1.0
 
 
 def test_native_retrieval_on_the_fixture(scifact_small: Any) -> None:

@@ -176,8 +176,12 @@ def test_scoped_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         (f"{ADMIN_KEY}:secretpart", "a key that contains ':' is written KEY:admin"),
         (":translate", "an API key is empty"),
         (f"{ADMIN_KEY},{ADMIN_KEY}:translate", "API keys 1 and 2 are the same key"),
+        # "${KEY_1},${KEY_2}" with both unset: these turned authentication off
+        (",", "entry 1 of 2 is empty"),
+        (" ", "entry 1 of 1 is empty"),
+        (f"{ADMIN_KEY},,{READER_KEY}", "entry 2 of 3 is empty"),
     ],
-    ids=["unknown-scope", "colon-in-key", "empty", "duplicate"],
+    ids=["unknown-scope", "colon-in-key", "empty", "duplicate", "comma", "blank", "gap"],
 )
 def test_bad_key_entries_are_refused_at_start_without_showing_keys(value: str, says: str) -> None:
     with pytest.raises(ValidationError) as error:

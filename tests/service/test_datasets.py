@@ -57,6 +57,35 @@ def test_upload_raw_body_with_retrieval_data(
     assert client.get(f"/v1/datasets/{ds['id']}").json() == ds
 
 
+def test_retrieval_metadata_nested_too_deeply_or_with_huge_grades_is_refused(
+    client: TestClient, scifact_small: Any
+) -> None:
+    """A 100,000-deep query_ids was a 500 (RecursionError), and a grade of 10**400 was
+    accepted, then failed its job with an internal error (an adversarial pass)."""
+    sf = scifact_small
+    good = {"query_ids": json.dumps(sf.query_ids), "corpus_ids": json.dumps(sf.corpus_ids)}
+    qid, doc = sf.query_ids[0], sf.corpus_ids[0]
+    cases = (
+        ({**good, "query_ids": "[" * 100_000, "qrels": "{}"}, 400, "query_ids", "nested"),
+        ({**good, "qrels": f'{{"{qid}": {{"{doc}": {10**400}}}}}'}, 400, "qrels", "integer"),
+        ({**good, "qrels": f'{{"{qid}": {{"{doc}": true}}}}'}, 400, "qrels", "integer"),
+    )
+    before = len(client.get("/v1/datasets", params={"limit": 100}).json()["data"])
+    for metadata, status, param, needle in cases:
+        body = dataset_bytes(
+            sf.corpus["minilm"],
+            sf.corpus["mpnet"],
+            metadata=metadata,
+            source_queries=sf.queries["minilm"],
+            target_queries=sf.queries["mpnet"],
+        )
+        r = client.post("/v1/datasets", content=body, headers=OCTET)
+        assert r.status_code == status, r.text[:300]
+        error = r.json()["error"]
+        assert error["param"] == param and needle in error["message"], error
+    assert len(client.get("/v1/datasets", params={"limit": 100}).json()["data"]) == before
+
+
 def test_upload_multipart_and_other_float_dtypes(
     client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
 ) -> None:

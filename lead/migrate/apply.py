@@ -24,7 +24,15 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from lead.errors import ConflictError, InvalidInputError, ShapeMismatchError, ZeroVectorError
-from lead.migrate.stores import Batch, MigrationSpec, Progress, Source, Target, unsplit
+from lead.migrate.stores import (
+    SOURCE_FILES,
+    Batch,
+    MigrationSpec,
+    Progress,
+    Source,
+    Target,
+    unsplit,
+)
 from lead.migrate.translator import Translator
 
 __all__ = ["ApplyResult", "check_confidence", "check_dims", "migration_spec", "run_apply"]
@@ -148,6 +156,9 @@ def migration_spec(
     extra = {"source_model": ref.source_model, "target_model": ref.target_model}
     if confidence_column is not None:  # absent otherwise: older targets resume as before
         extra["confidence_column"] = confidence_column
+    fingerprint = getattr(source, "fingerprint", None)
+    if fingerprint is not None:  # a source read by row position (files)
+        extra[SOURCE_FILES] = fingerprint
     return MigrationSpec(
         source=source_identity(source.info.uri),
         stitch=ref.name,

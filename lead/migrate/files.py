@@ -15,6 +15,7 @@ The Parquet target (a folder of parts) is in :mod:`lead.migrate.parquet_target`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ class ArraySource(Closing):
 
     def __init__(self, spec: str) -> None:
         self.reader = EmbeddingReader(spec)
+        #: rows are read by position: :func:`files_fingerprint` of the file
+        self.fingerprint = files_fingerprint([self.reader.path])
         self.info = SourceInfo(
             uri=str(spec),
             rows=len(self.reader),
@@ -138,6 +141,17 @@ class ArraySource(Closing):
             "column (Parquet, PostgreSQL, Qdrant), or the new model's vectors as NATIVE_URI",
             param="source",
         )
+
+
+def files_fingerprint(files: list[Path]) -> str:
+    """SHA-256 over each file's name, size and modification time (ns): what a migration
+    that reads ``files`` by row position records, so that a resume refuses a source that
+    was rewritten, reordered, extended or shrunk since (without reading it again)."""
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _parquet_files(path: Path) -> list[Path]:
@@ -304,6 +318,8 @@ class ParquetSource(Closing):
                 param="source",
             )
         self.path, self.files = path, _parquet_files(path)
+        #: rows are read by position: :func:`files_fingerprint` of the files
+        self.fingerprint = files_fingerprint(self.files)
         self._meta = [_read_footer(f) for f in self.files]
         schema = self._meta[0].schema.to_arrow_schema()
         self.column = _vector_column(schema, params.get("column"), str(self.files[0]))

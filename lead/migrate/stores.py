@@ -36,6 +36,7 @@ from lead.errors import ConflictError, InvalidInputError
 __all__ = [
     "LEAD_PARAMS",
     "SECRET_PARAMS",
+    "SOURCE_FILES",
     "Batch",
     "Closing",
     "MigrationSpec",
@@ -225,6 +226,11 @@ class SourceInfo:
     vector_type: str = "float32"
 
 
+#: The :class:`MigrationSpec` extra of a source read by row position (files): the
+#: fingerprint of its files (:func:`lead.migrate.files.files_fingerprint`).
+SOURCE_FILES = "source_files"
+
+
 @dataclass(frozen=True)
 class MigrationSpec:
     """What a target records about the migration that fills it; a resumed run must match.
@@ -290,7 +296,17 @@ def check_same_migration(
     # the stitch as named ("minilm-to-mpnet", a folder, a server's id) may differ between
     # runs: its stitch_sha256 (config and weights) says whether it is the same stitch
     keys = (set(want) | set(have)) - {"stitch", *ignore}
+    if SOURCE_FILES not in have:  # a target of an earlier version: resumes as it did
+        keys.discard(SOURCE_FILES)
     differ = sorted(k for k in keys if want.get(k) != have.get(k))
+    if SOURCE_FILES in differ and want.get("source") == have.get("source"):
+        raise ConflictError(
+            f"{where} holds a migration of {want.get('source')}, whose files changed since "
+            "it started (rewritten, reordered, added or removed): the checkpoint counts rows "
+            "by position, so going on would write some rows twice and miss others; write to "
+            "a new target, or remove this one first",
+            param="target",
+        )
     if differ:
         shown = "; ".join(
             f"{key}: {_short(have.get(key))}, this run: {_short(want.get(key))}" for key in differ

@@ -87,9 +87,42 @@ def test_a_finished_migration_of_a_source_that_grew_is_not_already_done(
     assert _apply(source, target, minilm_to_mpnet).rows_total == 100
     assert _apply(source, target, minilm_to_mpnet).already_done  # unchanged: done
     write_parquet(tmp_path / "src.parquet", np.arange(105), X)
-    with pytest.raises(ConflictError, match="finished migration of 100 rows, but the source now"):
+    with pytest.raises(ConflictError, match="whose files changed since it started"):
         _apply(source, target, minilm_to_mpnet)
     assert len(_read(target)[0]) == 100  # untouched
+
+
+def test_a_source_rewritten_between_runs_is_refused_not_mixed_in(
+    tmp_path, scifact_small, minilm_to_mpnet
+):
+    """A run killed half-way, the source rewritten with the same rows in reverse order, and
+    the resume wrote 1,050 duplicates, missed 1,050 ids and said it succeeded (an adversarial
+    pass): the checkpoint counts rows by position. Same for a finished migration whose
+    source was rewritten with as many rows."""
+    X = scifact_small.corpus["minilm"][:300]
+    ids = np.arange(300)
+    source = write_parquet(tmp_path / "src.parquet", ids, X)
+    target = tmp_path / "out"
+    calls = []
+
+    def stop_after_two(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(source, str(target), minilm_to_mpnet, batch_size=50, progress=stop_after_two)
+    write_parquet(tmp_path / "src.parquet", ids[::-1], X[::-1])
+    with pytest.raises(ConflictError, match="whose files changed since it started") as refused:
+        _apply(source, target, minilm_to_mpnet, batch_size=50)
+    assert "write some rows twice and miss others" in str(refused.value)
+    assert len(_read(target)[0]) == 100  # the two batches written before, nothing more
+    # finished, then rewritten with as many rows: not "already done"
+    other = tmp_path / "out2"
+    assert _apply(source, other, minilm_to_mpnet).rows_total == 300
+    write_parquet(tmp_path / "src.parquet", ids, X)
+    with pytest.raises(ConflictError, match="whose files changed"):
+        _apply(source, other, minilm_to_mpnet)
 
 
 def test_the_lock_of_a_killed_run_is_gone(tmp_path, scifact_small, minilm_to_mpnet):

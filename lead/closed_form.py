@@ -123,7 +123,7 @@ def fit_ridge(
         :math:`s^2 = \frac1n \sum_i \lVert x_i \rVert^2` of ``X`` (1 for unit-length
         vectors): each is tried as ``a * s**2``, so scaling ``X`` by ``c`` scales the
         strengths by ``c**2`` and the held-out choice, and the fit's predictions, stay
-        the same.
+        the same. At most :data:`MAX_ALPHAS`.
     seed : int, default 0
         Seed of the held-out split used to choose ``alpha``.
 
@@ -141,7 +141,8 @@ def fit_ridge(
     IllConditionedError
         If the column spreads of ``X`` or ``Y`` are too far apart for float32.
     InvalidInputError
-        For a negative or non-finite ``alpha``.
+        For a negative or non-finite ``alpha``, or ``alphas`` empty, longer than
+        :data:`MAX_ALPHAS` or holding such a value.
     FitError
         If the eigendecomposition fails, or the float32 stitch would hold or produce NaN
         or infinity.
@@ -273,9 +274,20 @@ def fit_procrustes(X: Any, Y: Any, *, scaling: bool = False) -> OrthogonalStitch
     return stitch.requires_grad_(False)
 
 
+#: The most candidate strengths ``alphas`` may hold (the default grid has 17): each costs a
+#: held-out prediction, and a job of 15 million of them held the job slot for hours.
+MAX_ALPHAS = 100
+
+
 def _check_alphas(alphas: Any) -> list[float]:
     if isinstance(alphas, str | bytes) or not isinstance(alphas, Sequence):
-        raise InvalidInputError(f"alphas must be a list of numbers, got {alphas!r}", param="alphas")
+        raise InvalidInputError(
+            f"alphas must be a list of numbers, got {alphas!r:.80}", param="alphas"
+        )
+    if len(alphas) > MAX_ALPHAS:
+        raise InvalidInputError(
+            f"alphas holds {len(alphas)} strengths; give at most {MAX_ALPHAS}", param="alphas"
+        )
     grid = [_check_alpha(a, "alphas") for a in alphas]
     if not grid:
         raise InvalidInputError("alphas must not be empty", param="alphas")

@@ -143,6 +143,14 @@ def test_ridge_with_fewer_pairs_than_dimensions_matches_the_primal_formula() -> 
     )
 
 
+def test_ridge_refuses_more_candidate_strengths_than_it_can_use() -> None:
+    """A job with 15 million alphas was accepted (an adversarial pass)."""
+    X, Y = _rng(17).normal(size=(40, 5)), _rng(18).normal(size=(40, 3))
+    with pytest.raises(InvalidInputError, match="alphas holds 101 strengths; give at most 100"):
+        fit_stitch(X, Y, "ridge", alphas=[1.0] * 101)
+    assert fit_stitch(X, Y, "ridge", alphas=[1.0] * 100).info.fit["alpha_selection"] == "holdout"
+
+
 def test_ridge_on_constant_input_is_refused() -> None:
     """Constant input carries nothing to map (the fit could only answer the target mean)."""
     X = np.ones((8, 3))

@@ -623,6 +623,7 @@ def test_bad_option_values_are_refused_at_submission(jobs: TestClient, scifact_s
         # integers beyond the float range (float() raised OverflowError: a 500)
         ("ridge", {"alpha": 10**400}, "alpha must be finite"),
         ("ridge", {"alphas": [0.1, 10**400]}, "alphas must be finite"),
+        ("ridge", {"alphas": [0.1] * 101}, "give at most 100"),  # 15 million were taken
         ("mlp", {"lr": 10**400}, "lr must be finite"),
         ("invertible", {"lr": 10**400}, "lr must be finite"),
         ("anchors", {"alpha": 10**400}, "alpha must be finite"),

@@ -70,8 +70,8 @@ MAX_METADATA_BYTES = 8 * 1024 * 1024
 def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
     """Walk the stream's messages: the schema first, then batches, none compressed, at
     most ``max_vectors`` rows, :data:`MAX_MESSAGES` batches and dictionaries and
-    :data:`MAX_METADATA_BYTES` of their metadata in all, nothing after the end-of-stream
-    marker.
+    :data:`MAX_METADATA_BYTES` of their metadata in all (and as much for the schema),
+    nothing after the end-of-stream marker.
 
     Returns
     -------
@@ -104,6 +104,14 @@ def check_stream(body: pa.Buffer, max_vectors: int) -> pa.Schema:
     if message is None or message.type != "schema":
         raise DecodeError(
             "the body is not an Arrow IPC stream (it must start with a schema message)",
+            param="body",
+        )
+    if message.metadata.size > MAX_METADATA_BYTES:  # read_schema builds every field
+        raise LimitExceededError(
+            f"the Arrow stream's schema exceeds {MAX_METADATA_BYTES} bytes (a translate "
+            "stream needs a vector column and an optional id column)",
+            limit=MAX_METADATA_BYTES,
+            got=message.metadata.size,
             param="body",
         )
     schema = pa.ipc.read_schema(message)

@@ -321,6 +321,26 @@ def test_a_stream_of_many_wide_batches_is_refused(client: TestClient, queries: A
     assert table.num_rows == 2 and table.num_columns == 3001
 
 
+def test_a_schema_of_hundreds_of_thousands_of_fields_is_refused_unread(
+    client: TestClient,
+) -> None:
+    """A 260 MB schema of 6.5 million null fields cost 16 s and 2 GB to build before its
+    400 (an adversarial pass); its size is bounded like the batches' metadata."""
+    from service._arrow_stream import MAX_METADATA_BYTES
+
+    fields = [pa.field(f"c{i}", pa.null()) for i in range(MAX_METADATA_BYTES // 40)]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema(fields)):
+        pass
+    start = time.perf_counter()
+    r = post(client, sink.getvalue().to_pybytes())
+    assert r.status_code == 422, r.text[:300]
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("limit_exceeded", "body")
+    assert "schema exceeds" in error["message"]
+    assert time.perf_counter() - start < 5
+
+
 def test_arrow_bodies_have_their_own_byte_limit(make_client: Any, queries: Any) -> None:
     x = queries["minilm"][:20]  # about 31 kB either way
     client = make_client(max_body_bytes=20_000, max_body_bytes_arrow=40_000)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 
 from lead._confidence_head import check_head, head_from_config
 from lead._durable import fsync_path
@@ -43,6 +45,7 @@ __all__ = [
     "BUNDLED_MODELS_DIR",
     "FORMAT",
     "FORMAT_VERSION",
+    "check_storable",
     "load_stitch",
     "push_stitch",
     "read_stitch_config",
@@ -175,8 +178,9 @@ def save_stitch(
     Raises
     ------
     InvalidInputError
-        If ``folder`` exists and is not an empty folder or a stitch folder, or ``dtype``
-        is not a storage dtype.
+        If ``folder`` exists and is not an empty folder or a stitch folder, ``dtype``
+        is not a storage dtype, or a tensor does not fit ``dtype`` (beyond its range, or
+        changed by more than :data:`MAX_STORAGE_ERROR` of its norm).
     ShapeMismatchError
         If the stitch's confidence head weighs stitch features that this architecture
         does not give (a head fitted for another stitch).
@@ -206,11 +210,12 @@ def save_stitch(
         raise ShapeMismatchError(
             f"the confidence head's {problem}", param="confidence_head", expected=0, got=problem
         )
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: t.detach().to(device="cpu", dtype=_storage_dtype(name, dtype)).contiguous().clone()
         for name, t in stitch.state_dict().items()
     }
+    _check_stored(stitch.state_dict(), tensors, dtype)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     config = _stitch_config(stitch, tensors, dtype)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
@@ -363,6 +368,11 @@ def _build(config: dict[str, Any]) -> Stitch:
         )
     except (LeadError, TypeError, ValueError) as error:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
+    except (RuntimeError, OverflowError) as error:  # dims of 2**31: sizes overflow in torch
+        raise StitchFormatError(
+            f"cannot build a {cls.architecture} stitch of dimensions {source['dim']} -> "
+            f"{target['dim']}: {str(error)[:200]}"
+        ) from None
     if config.get("confidence") is not None:
         confidence = head_from_config(config["confidence"], stitch.d_src, stitch.d_tgt)
         problem = _head_features_problem(stitch, confidence.stitch_features)
@@ -398,6 +408,62 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         stitch = _build(config)
     return {name: tuple(t.shape) for name, t in stitch.state_dict().items()}
+
+
+#: The largest relative error (Frobenius) a tensor may take from its storage dtype: float16
+#: and bfloat16 round by 2**-11 and 2**-8; more means values beyond their range.
+MAX_STORAGE_ERROR = 1e-2
+
+
+def check_storable(stitch: Stitch, dtype: str) -> None:
+    """Refuse a stitch whose tensors its storage ``dtype`` cannot hold (as
+    :func:`save_stitch` does): values beyond the dtype's range (they would load as
+    infinity), or so small that they round away (a ridge of targets at 1e-9 saved as
+    float16 answered the mean for every input).
+
+    Parameters
+    ----------
+    stitch : Stitch
+    dtype : {"float32", "float16", "bfloat16"}
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first such tensor, its largest magnitude and the dtype; or an unknown
+        ``dtype``.
+    """
+    if dtype not in STORAGE_DTYPES:
+        raise InvalidInputError(
+            f"dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}", param="dtype"
+        )
+    state = stitch.state_dict()
+    stored = {name: t.detach().to("cpu", _storage_dtype(name, dtype)) for name, t in state.items()}
+    _check_stored(state, stored, dtype)
+
+
+def _check_stored(state: dict[str, Tensor], stored: dict[str, Tensor], dtype: str) -> None:
+    for name, tensor in state.items():
+        _check_tensor_stored(name, tensor, stored[name], dtype)
+
+
+def _check_tensor_stored(name: str, tensor: Tensor, stored: Tensor, dtype: str) -> None:
+    if stored.dtype == tensor.dtype or not tensor.is_floating_point() or tensor.numel() == 0:
+        return
+    exact = tensor.detach().to("cpu", torch.float64)
+    norm = float(exact.norm())
+    error = float((stored.to(torch.float64) - exact).norm())
+    if math.isfinite(error) and error <= MAX_STORAGE_ERROR * norm:
+        return
+    peak, largest = float(exact.abs().max()), float(torch.finfo(stored.dtype).max)
+    why = (
+        f"its values reach {peak:.3g}, beyond {dtype}'s largest {largest:.3g}"
+        if peak > largest or not math.isfinite(error)
+        else f"{dtype} would change it by {error / norm:.1%} (its values, at most {peak:.3g} "
+        "in magnitude, are below its precision)"
+    )
+    raise InvalidInputError(
+        f"tensor {name!r} does not fit {dtype}: {why}; save in float32", param="dtype"
+    )
 
 
 def _head_features_problem(stitch: Stitch, stitch_features: int) -> str | None:

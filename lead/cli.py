@@ -287,7 +287,7 @@ def _check_out(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from lead.artifacts import STORAGE_DTYPES, save_stitch
+    from lead.artifacts import STORAGE_DTYPES, check_storable, save_stitch
     from lead.confidence import note_no_confidence
 
     if not 0 <= args.holdout < 1:
@@ -331,6 +331,7 @@ def _fit(args: argparse.Namespace) -> int:
         X[train], Y[train], args.method, info, args, None if weights is None else weights[train]
     )
     if args.save_dtype != "float32":  # score exactly the values that will be stored
+        check_storable(stitch, args.save_dtype)  # not "the stitch produced NaN" after rounding
         stitch.to(STORAGE_DTYPES[args.save_dtype]).float()
     if len(test):
         stitch.info.scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0))

@@ -307,6 +307,10 @@ def test_declared_dimensions_are_checked_before_memory_is_taken(saved: Path) -> 
         StitchFormatError, match=r"'source_mean' has shape \[5\], expected \[200000\]"
     ):
         load_stitch(saved)
+    # 2**31 overflowed torch's size calculation: a RuntimeError, a traceback in the CLI
+    _edit_config(saved, source__dim=2**31, target__dim=2**31, tensors=None)
+    with pytest.raises(StitchFormatError, match="of dimensions 2147483648 -> 2147483648"):
+        load_stitch(saved)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
@@ -571,3 +575,19 @@ def test_a_full_disk_while_saving_is_a_storage_error(
     with pytest.raises(StorageFullError, match="no space left"):
         save_stitch(_fitted("ridge"), tmp_path / "stitch")
     assert list(tmp_path.iterdir()) == []  # no temporary folder left
+
+
+@pytest.mark.parametrize(("scale", "says"), [(1e7, "beyond float16's largest"), (1e-9, "100.0%")])
+def test_a_stitch_its_storage_dtype_cannot_hold_is_not_saved(
+    tmp_path: Path, scale: float, says: str
+) -> None:
+    """Targets at 1e7 saved as float16 did not load back (infinity); at 1e-9 every weight
+    was stored as 0 and the stitch answered the mean (an adversarial pass)."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    stitch = fit_stitch(X, Y * scale, "ridge")
+    with pytest.raises(InvalidInputError, match=says) as caught:
+        save_stitch(stitch, tmp_path / "half", dtype="float16")
+    assert "save in float32" in caught.value.message
+    assert not (tmp_path / "half").exists()
+    assert load_stitch(save_stitch(stitch, tmp_path / "full")).info == stitch.info  # float32

@@ -15,6 +15,7 @@ under it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -146,6 +147,7 @@ class ParquetTarget(Closing):
                         param="target",
                     )
                 break
+        existed, had_lock = self.path.exists(), (self.path / LOCK).exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             locked = self._lock()
@@ -160,6 +162,14 @@ class ParquetTarget(Closing):
         try:
             return self._open(spec, partitioned)
         except BaseException:
+            # a refused run leaves nothing behind: no lock file in a folder that is not a
+            # LEAD target (a user's own folder), no folder it made (still holding the lock)
+            if not had_lock and not (self.path / MANIFEST).exists():
+                with contextlib.suppress(OSError):
+                    (self.path / LOCK).unlink()
+                if not existed:
+                    with contextlib.suppress(OSError):
+                        self.path.rmdir()
             self.close()
             raise
 

@@ -334,6 +334,17 @@ def test_bad_targets_get_one_clear_error(tmp_path, scifact_small, minilm_to_mpne
     (damaged / "_lead_migration.json").write_text('{"source": ')
     with pytest.raises(DecodeError, match=r"_lead_migration\.json is damaged"):
         _apply(source, damaged, minilm_to_mpnet)
+    # a refused run leaves nothing: it left _lead.lock in a user's folder, and a folder it
+    # made itself (an adversarial pass)
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "notes.txt").write_text("mine")
+    with pytest.raises(ConflictError, match="exists with other content"):
+        _apply(source, own, minilm_to_mpnet)
+    assert [p.name for p in own.iterdir()] == ["notes.txt"]
+    with pytest.raises(InvalidInputError, match="confidence column must not be named"):
+        _apply(source, tmp_path / "new", minilm_to_mpnet, confidence_column="id")
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_damaged_part_is_named(tmp_path, scifact_small, minilm_to_mpnet):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lead._options import check_int_option
 from lead._validation import as_matrix
 from lead.errors import InvalidInputError, ShapeMismatchError
 
@@ -63,7 +64,7 @@ def rank_corpus(query_emb: Any, corpus_emb: Any, k: int) -> np.ndarray:
     NonFiniteError
         NaN or infinity in an input.
     InvalidInputError
-        If ``k < 1``.
+        If ``k`` is not an integer of at least 1, or the corpus is empty.
 
     Notes
     -----
@@ -88,10 +89,11 @@ def rank_corpus(query_emb: Any, corpus_emb: Any, k: int) -> np.ndarray:
             got=D.shape[1],
             param="corpus_emb",
         )
-    if k < 1:
-        raise InvalidInputError(f"k must be at least 1, got {k}", param="k")
+    k = _check_k(k)
     m, n_docs = Q.shape[0], D.shape[0]
-    k = min(int(k), n_docs)
+    if n_docs == 0:
+        raise InvalidInputError("corpus_emb holds no documents to rank", param="corpus_emb")
+    k = min(k, n_docs)
     Q = torch.nn.functional.normalize(Q, dim=1, eps=1e-300)
     D = torch.nn.functional.normalize(D, dim=1, eps=1e-300)
     doc_step = max(k, min(n_docs, _BLOCK_ELEMENTS // 64))
@@ -124,6 +126,10 @@ def _judged(
             expected=n_rows,
             got=len(query_ids),
             param="query_ids",
+        )
+    if not isinstance(qrels, Mapping) or not all(isinstance(v, Mapping) for v in qrels.values()):
+        raise InvalidInputError(
+            "qrels must be a mapping {query_id: {corpus_id: grade}}", param="qrels"
         )
     row_of = {str(doc): row for row, doc in enumerate(corpus_ids)}
     if len(row_of) != len(corpus_ids):
@@ -169,7 +175,13 @@ def _grade(value: object, qid: object, doc: object) -> float:
     return grade
 
 
+def _check_k(k: Any) -> int:
+    """``k`` as an int >= 1 (a NumPy integer too; not a bool, a float or a string)."""
+    return check_int_option(int(k) if isinstance(k, np.integer) else k, "k", minimum=1)
+
+
 def _check_ranking(ranking: Any, corpus_ids: Sequence[str], k: int) -> np.ndarray:
+    k = min(_check_k(k), max(len(corpus_ids), 1))  # k beyond the corpus: all of it
     ranks = np.asarray(ranking)
     if ranks.ndim != 2 or ranks.dtype.kind not in "iu":
         raise ShapeMismatchError(
@@ -182,9 +194,22 @@ def _check_ranking(ranking: Any, corpus_ids: Sequence[str], k: int) -> np.ndarra
         raise InvalidInputError(
             f"ranking holds rows outside the corpus of {len(corpus_ids)}", param="ranking"
         )
-    if k < 1:
-        raise InvalidInputError(f"k must be at least 1, got {k}", param="k")
-    return ranks[:, :k]
+    if ranks.shape[1] < k:
+        raise ShapeMismatchError(
+            f"ranking has {ranks.shape[1]} documents per query, fewer than k = {k}",
+            expected=f"(m, >= {k})",
+            got=ranks.shape,
+            param="ranking",
+        )
+    top = ranks[:, :k]
+    ordered = np.sort(top, axis=1)
+    repeated = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+    if repeated.size:  # counted twice, a score beyond 1 (nDCG 2.13, recall 3.0)
+        raise InvalidInputError(
+            f"ranking row {int(repeated[0])} names a document more than once in its top {k}",
+            param="ranking",
+        )
+    return top
 
 
 def ndcg_at_k_score(
@@ -218,11 +243,13 @@ def ndcg_at_k_score(
     Raises
     ------
     ShapeMismatchError
-        ``query_ids`` not matching the ranking, or a ranking that is not 2-D integers.
+        ``query_ids`` not matching the ranking, a ranking that is not 2-D integers, or one
+        narrower than ``k`` (``k`` capped at the corpus size).
     InvalidInputError
-        Rows outside the corpus, duplicate corpus ids, ``k < 1``, a grade that is not a
-        finite number (a boolean, a string, NaN, an integer beyond the float range), or no
-        query with a relevant document in the corpus.
+        Rows outside the corpus, a document twice in a row's top ``k``, duplicate corpus
+        ids, ``k`` not an integer of at least 1, qrels that are not a mapping of mappings,
+        a grade that is not a finite number (a boolean, a string, NaN, an integer beyond
+        the float range), or no query with a relevant document in the corpus.
 
     Notes
     -----
@@ -252,6 +279,7 @@ def ndcg_at_k_score(
     """
     ranks = _check_ranking(ranking, corpus_ids, k)
     judged, _ = _judged(ranks.shape[0], query_ids, corpus_ids, qrels)
+    k = ranks.shape[1]  # at most the corpus
     discount = 1.0 / np.log2(np.arange(2, k + 2))
     total = 0.0
     for row, relevant in judged:

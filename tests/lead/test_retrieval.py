@@ -113,7 +113,7 @@ def test_retrieval_errors() -> None:
         retrieval_scores(docs[:1], docs, query_ids=["a"], corpus_ids=DOCS[:3], qrels={})
     with pytest.raises(InvalidInputError, match="duplicate"):
         ndcg_at_k_score(
-            np.array([[0]]), query_ids=["a"], corpus_ids=["x", "x"], qrels={"a": {"x": 1}}
+            np.array([[0]]), query_ids=["a"], corpus_ids=["x", "x"], qrels={"a": {"x": 1}}, k=1
         )
     with pytest.raises(InvalidInputError, match="outside"):
         recall_at_k_score(np.array([[7]]), qrels={"a": {"d0": 1}}, **ids)
@@ -122,9 +122,27 @@ def test_retrieval_errors() -> None:
     # a grade beyond the float range was an OverflowError (a job's internal error)
     for grade, why in ((10**400, "finite"), (float("nan"), "finite"), (True, "a number, got bool")):
         with pytest.raises(InvalidInputError, match=why) as caught:
-            ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": grade}}, **ids)
+            ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": grade}}, **ids, k=1)
         assert "qrels['a']['d0']" in caught.value.message
-    assert ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": np.int64(2)}}, **ids) == 1.0
+    assert ndcg_at_k_score(np.array([[0]]), qrels={"a": {"d0": np.int64(2)}}, **ids, k=1) == 1.0
+    # a document twice in a ranking scored nDCG 2.13 and recall 3.0; other contract breaks
+    three = {"query_ids": ["q"], "corpus_ids": ["a", "b", "c"], "qrels": {"q": {"a": 1}}}
+    for score in (ndcg_at_k_score, recall_at_k_score):
+        with pytest.raises(InvalidInputError, match="names a document more than once"):
+            score(np.array([[0, 0, 0]]), k=3, **three)
+        with pytest.raises(ShapeMismatchError, match="fewer than k = 3"):
+            score(np.array([[0, 1]]), k=3, **three)
+        for k in (2.5, "3", True):
+            with pytest.raises(InvalidInputError, match="k must be an integer"):
+                score(np.array([[0, 1, 2]]), k=k, **three)
+        assert score(np.array([[0, 1, 2]]), k=10**10, **three) == 1.0  # k beyond the corpus
+        for qrels in ([1], {"q": ["a"]}):
+            with pytest.raises(InvalidInputError, match="qrels must be a mapping"):
+                score(np.array([[0, 1, 2]]), k=3, **{**three, "qrels": qrels})
+    with pytest.raises(InvalidInputError, match="no documents"):
+        rank_corpus(np.eye(3), np.zeros((0, 3)), 5)
+    with pytest.raises(InvalidInputError, match="k must be an integer"):
+        rank_corpus(np.eye(3), np.eye(3), float("nan"))
 
 
 def test_native_retrieval_on_the_fixture(scifact_small: Any) -> None:

@@ -21,7 +21,11 @@ and local errors alike.
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
+import datetime
+import email.utils
+import math
 import os
 import random
 import re
@@ -38,6 +42,7 @@ import numpy as np
 
 from lead import _arrow
 from lead import errors as le
+from lead._options import check_float_option, check_int_option
 from lead.artifacts import ARTIFACT_FILES
 
 __all__ = ["DEFAULT_SERVER_URL", "TERMINAL_STATUSES", "LeadClient", "encode_base64"]
@@ -80,7 +85,12 @@ _BY_STATUS: dict[int, type[le.LeadError]] = {
 
 def _float32_rows(vectors: Any) -> np.ndarray:
     """``vectors`` as a C-contiguous little-endian float32 array of shape (n, d)."""
-    rows = np.ascontiguousarray(np.asarray(vectors), dtype="<f4")
+    try:
+        rows = np.ascontiguousarray(np.asarray(vectors), dtype="<f4")
+    except (ValueError, TypeError) as error:  # strings, ragged lists
+        raise le.InvalidInputError(
+            f"vectors must be a 2-D array of numbers (n, d): {str(error)[:200]}", param="input"
+        ) from None
     if rows.ndim != 2:
         raise le.ShapeMismatchError(
             f"expected a 2-D array (n, d), got shape {rows.shape}",
@@ -101,6 +111,29 @@ def _decode_base64(items: list[str]) -> np.ndarray:
     )
 
 
+def _retry_after(value: str | None) -> int:
+    """Whole seconds to wait from a ``Retry-After`` header: a number of seconds or an HTTP
+    date (RFC 9110, section 10.2.3); 1 when it is missing or neither."""
+    text = (value or "").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return 1
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+    return math.ceil(min(max(0.0, seconds), 86400.0)) if math.isfinite(seconds) else 1
+
+
+def _not_lead(response: httpx.Response, detail: str) -> le.LeadError:
+    """A successful answer that is not what a LEAD server sends (a proxy, another server)."""
+    url = response.request.url.copy_with(query=None)
+    return le.LeadError(f"{url} did not answer as a LEAD server: {detail}"[:400], param="server")
+
+
 def _error_from(response: httpx.Response) -> le.LeadError:
     """The LeadError an error response stands for."""
     try:
@@ -115,7 +148,7 @@ def _error_from(response: httpx.Response) -> le.LeadError:
             f"{response.request.url.copy_with(query=None)} did not answer as a LEAD server: {text}"
         )
     status = response.status_code
-    retry_after = int(response.headers.get("retry-after", "1") or 1)
+    retry_after = _retry_after(response.headers.get("retry-after"))
     exc: le.LeadError
     if code in _SIMPLE_ERRORS:
         exc = _SIMPLE_ERRORS[code](message, param=param)
@@ -179,6 +212,10 @@ def _path_part(value: str, safe: str = "") -> str:
     return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 
 
+#: What an API key may hold: printable ASCII without spaces.
+_API_KEY = re.compile(r"[\x21-\x7e]+")
+
+
 class LeadClient:
     """Talk to a LEAD server over HTTP.
 
@@ -192,6 +229,12 @@ class LeadClient:
         Seconds per request.
     http : httpx.Client, optional
         A ready client to use instead (its base URL is used; e.g. a test client).
+
+    Raises
+    ------
+    InvalidInputError
+        A timeout that is not a positive number, or an API key that is not printable
+        ASCII without spaces.
     """
 
     def __init__(
@@ -203,9 +246,15 @@ class LeadClient:
         http: httpx.Client | None = None,
     ) -> None:
         url = base_url or os.environ.get("LEAD_SERVER_URL") or DEFAULT_SERVER_URL
+        timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
+        key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
+        if key and not _API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it
+            raise le.InvalidInputError(
+                "the API key must be printable ASCII without spaces (as LEAD_API_KEYS holds it)",
+                param="api_key",
+            )
         self._owns_http = http is None
         self.http = http if http is not None else httpx.Client(base_url=url, timeout=timeout)
-        key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._limits: dict[str, Any] | None = None  # GET /v1/info's, read when first needed
 
@@ -238,7 +287,11 @@ class LeadClient:
             response = self.http.request(method, path, headers=headers, **kwargs)
         if response.is_error:
             raise _error_from(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            text = " ".join(response.text.split())[:200] or "(no body)"
+            raise _not_lead(response, text) from None
 
     # ---------------------------------------------------------------- datasets
     def upload_dataset(
@@ -485,8 +538,9 @@ class LeadClient:
     ) -> np.ndarray:
         """Translate ``vectors`` (n, d_src) with a stitch id or a model pair.
 
-        Any number of vectors: they are sent in requests of at most ``batch_size`` (by
-        default the server's limit for the format, from ``GET /v1/info``), and a request
+        Any number of vectors (at least one): they are sent in requests of at most
+        ``batch_size`` (by default the server's limit for the format, from
+        ``GET /v1/info``), and a request
         refused for a while (429 overloaded, 503 not ready) is sent again after the
         server's ``Retry-After``. The server's answers are batch-invariant, so the result
         is the same bytes however the vectors were split.
@@ -519,7 +573,9 @@ class LeadClient:
         ImportError
             ``format="arrow"`` without pyarrow installed.
         InvalidInputError
-            ``format`` is neither ``"json"`` nor ``"arrow"``.
+            ``format`` is neither ``"json"`` nor ``"arrow"``; ``vectors`` not a non-empty
+            2-D array of numbers; ``batch_size`` or ``retries`` not an integer (at least 1
+            and 0).
         LeadError
             The subclass matching the server's error (see the module docstring).
         """
@@ -591,14 +647,17 @@ class LeadClient:
                 f"format must be 'json' or 'arrow', got {format!r}", param="format"
             )
         rows = _float32_rows(vectors)
+        if not len(rows):
+            raise le.InvalidInputError("vectors holds no rows: nothing to translate", param="input")
+        retries = check_int_option(retries, "retries", minimum=0)
         size = (
-            batch_size if batch_size is not None else self._translate_limit(format, rows.shape[1])
+            check_int_option(batch_size, "batch_size", minimum=1)
+            if batch_size is not None
+            else self._translate_limit(format, rows.shape[1])
         )
-        if size < 1:
-            raise le.InvalidInputError(f"batch_size must be at least 1, got {size}")
         send = self._translate_arrow if format == "arrow" else self._translate_json
         parts: list[_Scored] = []
-        for start in range(0, max(len(rows), 1), size):
+        for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
 
             def call(chunk: np.ndarray = chunk) -> _Scored:
@@ -621,19 +680,27 @@ class LeadClient:
 
     def _translate_limit(self, format: str, d_src: int) -> int:
         """The server's vectors per request for ``format`` (``GET /v1/info``, read once)."""
-        if self._limits is None:
-            self._limits = self._request("GET", "/v1/info")["limits"]
-        if format != "arrow":
-            return int(self._limits["max_vectors_per_request"])
-        # an Arrow request must also fit max_body_bytes_arrow: 4 bytes a value, 1 KiB spare
-        # per vector for the stream's framing (plenty: it is a few hundred bytes a batch)
-        d = max(int(d_src), 1)
-        by_bytes = int(self._limits.get("max_body_bytes_arrow", 2**62)) // (4 * d + 1024)
-        return max(1, min(int(self._limits["max_vectors_arrow"]), by_bytes))
+        try:
+            if self._limits is None:
+                self._limits = dict(self._request("GET", "/v1/info")["limits"])
+            if format != "arrow":
+                return max(1, int(self._limits["max_vectors_per_request"]))
+            # an Arrow request must also fit max_body_bytes_arrow: 4 bytes a value, 1 KiB
+            # spare per vector for the stream's framing (a few hundred bytes a batch)
+            d = max(int(d_src), 1)
+            by_bytes = int(self._limits.get("max_body_bytes_arrow", 2**62)) // (4 * d + 1024)
+            return max(1, min(int(self._limits["max_vectors_arrow"]), by_bytes))
+        except (KeyError, TypeError, ValueError) as error:  # not LEAD's /v1/info
+            self._limits = None
+            raise le.LeadError(
+                f"{self.http.base_url} did not answer GET /v1/info as a LEAD server "
+                f"({type(error).__name__}: {str(error)[:100]}); give batch_size",
+                param="server",
+            ) from None
 
     @staticmethod
     def _retrying(call: Callable[[], _Scored], retries: int) -> _Scored:
-        for attempt in range(retries + 1):
+        for attempt in range(retries + 1):  # retries >= 0 (checked by _translate)
             try:
                 return call()
             except (le.OverloadedError, le.NotReadyError) as exc:
@@ -656,12 +723,21 @@ class LeadClient:
         if scored:
             body["return_confidence"] = True
         response = self._request("POST", "/v1/translate", json={**body, **naming})
-        data = response["data"]
-        y = _decode_base64([item["embedding"] for item in data])
-        if not scored:
-            return y, None, None
-        confidence = np.array([item["confidence"] for item in data], dtype=np.float32)
-        return y, confidence, np.array([item["out_of_distribution"] for item in data], bool)
+        try:
+            data = response["data"]
+            y = _decode_base64([item["embedding"] for item in data])
+            if len(y) != len(rows):
+                raise ValueError(f"{len(y)} vectors for {len(rows)}")
+            if not scored:
+                return y, None, None
+            confidence = np.array([item["confidence"] for item in data], dtype=np.float32)
+            return y, confidence, np.array([item["out_of_distribution"] for item in data], bool)
+        except (KeyError, TypeError, ValueError, binascii.Error) as error:
+            raise le.LeadError(
+                f"{self.http.base_url} did not answer POST /v1/translate as a LEAD server "
+                f"({type(error).__name__}: {str(error)[:100]})",
+                param="server",
+            ) from None
 
     def _translate_arrow(
         self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str], scored: bool

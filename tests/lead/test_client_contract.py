@@ -1,0 +1,114 @@
+"""LeadClient against answers no LEAD server sends (a proxy, another server on the port)
+and against bad arguments: a LeadError each, never a raw ValueError, KeyError,
+JSONDecodeError or UnicodeEncodeError (an adversarial pass found each of those)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lead.client import LeadClient, _retry_after
+from lead.errors import InvalidInputError, LeadError, OverloadedError
+
+#: path -> (status, headers, body) the fake server answers with
+REPLIES: dict[str, tuple[int, dict[str, str], bytes]] = {
+    "/v1/info": (200, {}, json.dumps({"limits": {"max_vectors_per_request": "many"}}).encode()),
+    "/v1/jobs": (200, {}, b"<html>a proxy's page</html>"),
+    "/v1/translate": (200, {}, json.dumps({"object": "list"}).encode()),
+    "/v1/stitches": (
+        429,
+        {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"},
+        json.dumps({"error": {"code": "overloaded", "message": "busy"}}).encode(),
+    ),
+}
+
+
+class _Fixed(BaseHTTPRequestHandler):
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        status, headers, body = REPLIES[self.path.split("?")[0]]
+        self.send_response(status)
+        for key, value in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+
+@pytest.fixture(scope="module")
+def not_lead() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_answers_that_are_not_lead_are_lead_errors(not_lead: str) -> None:
+    x = np.ones((2, 4), np.float32)
+    with LeadClient(not_lead) as client:
+        with pytest.raises(LeadError, match="did not answer as a LEAD server: <html>"):
+            client.list_jobs()
+        with pytest.raises(LeadError, match="did not answer GET /v1/info as a LEAD server"):
+            client.translate(x, stitch="s")
+        with pytest.raises(LeadError, match="did not answer POST /v1/translate"):
+            client.translate(x, stitch="s", batch_size=2)
+        with pytest.raises(OverloadedError) as caught:  # an HTTP date: in the past, 0 s
+            client.list_stitches()
+        assert caught.value.retry_after == 0
+
+
+def test_retry_after_takes_seconds_and_dates() -> None:
+    assert _retry_after("3") == 3 and _retry_after("1.5") == 2 and _retry_after(None) == 1
+    assert _retry_after("soon") == 1 and _retry_after("nan") == 1
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0
+    assert 3500 <= _retry_after(_in_an_hour()) <= 3600
+
+
+def _in_an_hour() -> str:
+    import datetime
+    import email.utils
+
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    return email.utils.format_datetime(moment, usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda c: c.translate([["a", "b"]], stitch="s"), "2-D array of numbers"),
+        (lambda c: c.translate([[1.0], [1.0, 2.0]], stitch="s"), "2-D array of numbers"),
+        (lambda c: c.translate(np.ones((0, 4)), stitch="s"), "no rows"),
+        (lambda c: c.translate(np.ones((2, 4)), stitch="s", retries=-1), "retries must be >= 0"),
+        (lambda c: c.translate(np.ones((2, 4)), stitch="s", batch_size=2.5), "batch_size"),
+        (lambda c: c.translate(np.ones((2, 4)), stitch="s", batch_size="2"), "batch_size"),
+    ],
+)
+def test_bad_arguments_are_invalid_input(not_lead: str, call: Any, says: str) -> None:
+    with LeadClient(not_lead) as client, pytest.raises(InvalidInputError, match=says):
+        call(client)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"timeout": -1}, "timeout must be finite and > 0"),
+        ({"api_key": "ключ"}, "printable ASCII"),
+        ({"api_key": "two\nlines"}, "printable ASCII"),
+    ],
+)
+def test_bad_client_settings_are_invalid_input(kwargs: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        LeadClient("http://127.0.0.1:9", **kwargs)

@@ -18,7 +18,7 @@ from torch import Tensor
 from lead._epochs import train_epochs
 from lead._validation import check_config_fields, check_device, check_pairs
 from lead.closed_form import ProgressCallback, fit_ridge
-from lead.errors import FitError, InvalidInputError
+from lead.errors import FitError, IllConditionedError, InvalidInputError
 from lead.splits import early_stopping_split
 from lead.stitches import InvertibleStitch, _Coupling, unit_rows
 
@@ -255,7 +255,16 @@ def _init_couplings(
         first.bias.fill_(-config.init_scale * config.init_offset)
         features = coupling.net[:2](cond).double()
         free = z.shape[1] - cond.shape[1]
-        ridge = fit_ridge(features, (target - z)[:, coupling.free].double(), seed=config.seed)
+        try:
+            ridge = fit_ridge(features, (target - z)[:, coupling.free].double(), seed=config.seed)
+        except IllConditionedError as error:  # of its features: not the caller's vectors
+            raise IllConditionedError(
+                f"the invertible fit's coupling layer {layer} cannot start: its random "
+                "features of the mapped source vectors do not vary in float32 (are the "
+                "source or target vectors at a scale far from 1, such as 1e-30 or 1e30? "
+                "scale them first)",
+                param="source",
+            ) from error
         last.weight[free:].copy_(ridge.weight)
         last.bias[free:].copy_(ridge.target_mean - ridge.weight @ ridge.source_mean)
         z = coupling(z)

@@ -33,7 +33,7 @@ from lead._metric_inputs import (
     _unit_rows,
 )
 from lead._validation import as_matrix
-from lead.errors import ShapeMismatchError
+from lead.errors import NonFiniteError, ShapeMismatchError
 from lead.similarity import (
     cknna_score,
     cycle_knn_score,
@@ -76,19 +76,41 @@ def spearman_score(a: Any, b: Any) -> float:
     float
         In [-1, 1]; 1 when the two order the items alike; 0 when either is constant.
 
+    Raises
+    ------
+    ShapeMismatchError
+        If ``a`` and ``b`` are not 1-D of the same length.
+    NonFiniteError
+        NaN or infinity in either (NaN ranked as a value scored 1.0 against anything).
+
     References
     ----------
     .. [1] C. Spearman, "The proof and measurement of association between two things",
        American Journal of Psychology 15(1), 72-101 (1904). doi:10.2307/1412159
     """
+    try:
+        va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ShapeMismatchError(
+            f"spearman_score takes two 1-D arrays of numbers: {str(error)[:120]}",
+            expected="(n,)",
+            got=None,
+        ) from None
+    if va.ndim != 1 or va.shape != vb.shape:
+        raise ShapeMismatchError(
+            f"spearman_score takes two 1-D arrays of one length, got {va.shape} and {vb.shape}",
+            expected=va.shape,
+            got=vb.shape,
+        )
+    if not (np.isfinite(va).all() and np.isfinite(vb).all()):
+        raise NonFiniteError("spearman_score's inputs hold NaN or infinity")
 
     def ranks(v: np.ndarray) -> np.ndarray:
         _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
         ends = np.cumsum(counts)
         return np.asarray((ends - (counts - 1) / 2.0)[inverse], dtype=np.float64)
 
-    ra = ranks(np.asarray(a, dtype=np.float64).ravel())
-    rb = ranks(np.asarray(b, dtype=np.float64).ravel())
+    ra, rb = ranks(va), ranks(vb)
     ra, rb = ra - ra.mean(), rb - rb.mean()
     denom = float(np.sqrt((ra @ ra) * (rb @ rb)))
     return float(ra @ rb / denom) if denom > 0 else 0.0

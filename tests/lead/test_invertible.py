@@ -223,3 +223,16 @@ def test_the_inverse_of_a_normalised_stitch_ignores_the_input_length(trained: An
         for k in (1e-6, 0.01, 10.0, 1e20):
             cosine = torch.nn.functional.cosine_similarity(stitch.inverse(y * k), unit)
             assert float(cosine.min()) > 0.9999, k
+
+
+def test_vectors_at_an_extreme_scale_are_named_as_such() -> None:
+    """An internal ridge said "the X vectors do not vary: all 162 rows are the same vector"
+    of the caller's varying vectors (an adversarial pass)."""
+    from lead.errors import IllConditionedError
+    from lead.fitting import fit_stitch
+
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((180, 8)), rng.standard_normal((180, 8))
+    with pytest.raises(IllConditionedError, match="scale far from 1") as caught:
+        fit_stitch(X * 1e-30, Y * 1e-30, "invertible")
+    assert "all 162 rows are the same vector" not in caught.value.message

@@ -296,3 +296,18 @@ def test_spearman_score_ranks_with_ties() -> None:
     assert spearman_score([1.0, 2.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(
         0.9486833, abs=1e-6
     )
+
+
+def test_spearman_score_refuses_what_it_cannot_rank() -> None:
+    """Lengths 2 and 3 were a NumPy matmul error, and a NaN ranked as a value scored 1.0."""
+    from lead.errors import NonFiniteError, ShapeMismatchError
+    from lead.metrics import spearman_score
+
+    with pytest.raises(ShapeMismatchError, match=r"got \(2,\) and \(3,\)"):
+        spearman_score([1, 2], [1, 2, 3])
+    with pytest.raises(ShapeMismatchError, match="1-D"):
+        spearman_score(np.ones((2, 2)), np.ones((2, 2)))
+    with pytest.raises(NonFiniteError):
+        spearman_score([1, 2, float("nan")], [1, 2, 3])
+    with pytest.raises(ShapeMismatchError, match="arrays of numbers"):
+        spearman_score(["a", "b"], [1, 2])

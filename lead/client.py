@@ -233,8 +233,8 @@ class LeadClient:
     Raises
     ------
     InvalidInputError
-        A timeout that is not a positive number, or an API key that is not printable
-        ASCII without spaces.
+        A server URL that is not http:// or https://, a timeout that is not a positive
+        number, or an API key that is not printable ASCII without spaces.
     """
 
     def __init__(
@@ -246,6 +246,11 @@ class LeadClient:
         http: httpx.Client | None = None,
     ) -> None:
         url = base_url or os.environ.get("LEAD_SERVER_URL") or DEFAULT_SERVER_URL
+        if http is None and not url.startswith(("http://", "https://")):
+            raise le.InvalidInputError(  # httpx: "unsupported protocol 'localhost://'"
+                f"the server must be an http:// or https:// URL, got {url!r:.200}",
+                param="server",
+            )
         timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
         key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
         if key and not _API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it

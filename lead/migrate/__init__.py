@@ -58,6 +58,7 @@ def apply(
     device: str | None = None,
     progress: Any = True,
     confidence_column: str | None = None,
+    api_key: str | None = None,
 ) -> ApplyResult:
     """Translate every vector of ``source`` into the new ``target``; resume where a run stopped.
 
@@ -86,6 +87,8 @@ def apply(
     confidence_column : str, optional
         Also write each row's confidence there (see :func:`lead.migrate.apply.run_apply`);
         the stitch needs a confidence head.
+    api_key : str, optional
+        With ``server``: its API key (default ``LEAD_API_KEY``).
 
     Returns
     -------
@@ -105,7 +108,12 @@ def apply(
         stitch
         if not isinstance(stitch, str | Path)
         else make_translator(
-            stitch, server=server, inverse=inverse, normalize=normalize, device=device
+            stitch,
+            server=server,
+            inverse=inverse,
+            normalize=normalize,
+            device=device,
+            api_key=api_key,
         )
     )
     try:
@@ -137,6 +145,7 @@ def plan(
     skip_null: bool = False,
     output_type: str = "vector",
     check: bool = True,
+    api_key: str | None = None,
 ) -> PlanResult:
     """What ``source`` holds and what migrating it with ``stitch`` costs
     (:func:`lead.migrate.plan.run_plan`); problems are listed, not raised.
@@ -151,7 +160,7 @@ def plan(
     translator = (
         stitch
         if not isinstance(stitch, str | Path)
-        else make_translator(stitch, server=server, inverse=inverse)
+        else make_translator(stitch, server=server, inverse=inverse, api_key=api_key)
     )
     try:
         with open_source(source) as src:

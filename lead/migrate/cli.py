@@ -36,8 +36,11 @@ def _stitch_arguments(parser: argparse.ArgumentParser, *, required: bool = True)
     parser.add_argument(
         "--server",
         metavar="URL",
-        help="translate through this running LEAD server instead of in-process "
-        "(API key from LEAD_API_KEY)",
+        help="translate through this running LEAD server instead of in-process",
+    )
+    parser.add_argument(
+        "--api-key",
+        help="with --server: its API key (default LEAD_API_KEY)",
     )
     parser.add_argument(
         "--skip-null",
@@ -55,6 +58,7 @@ def _translator(args: argparse.Namespace) -> Any:
         inverse=args.inverse,
         normalize=args.normalize,
         device=args.device,
+        api_key=args.api_key,
     )
 
 
@@ -120,6 +124,7 @@ def _apply(args: argparse.Namespace) -> int:
             device=args.device,
             progress=not args.quiet,
             confidence_column=args.confidence_column,
+            api_key=args.api_key,
         )
     _print(result.as_dict())
     return 0

@@ -357,7 +357,7 @@ def _reaching(server: str) -> Iterator[None]:
     except AuthenticationError as error:
         raise AuthenticationError(
             f"{error.message} (the LEAD server at {server} wants an API key: migrations send "
-            "the one in LEAD_API_KEY)",
+            "the one of --api-key, else LEAD_API_KEY)",
             param=error.param,
         ) from None
 

@@ -105,10 +105,11 @@ def test_bad_arguments_are_invalid_input(not_lead: str, call: Any, says: str) ->
     ("kwargs", "says"),
     [
         ({"timeout": -1}, "timeout must be finite and > 0"),
+        ({"base_url": "localhost:8843"}, "must be an http:// or https:// URL"),
         ({"api_key": "ключ"}, "printable ASCII"),
         ({"api_key": "two\nlines"}, "printable ASCII"),
     ],
 )
 def test_bad_client_settings_are_invalid_input(kwargs: dict[str, Any], says: str) -> None:
     with pytest.raises(InvalidInputError, match=says):
-        LeadClient("http://127.0.0.1:9", **kwargs)
+        LeadClient(**{"base_url": "http://127.0.0.1:9", **kwargs})

@@ -265,3 +265,41 @@ def test_apply_on_an_unreachable_ray_address_fails_at_once(
     assert "cannot reach the Ray cluster at 127.0.0.1:1 (--ray-address)" in done.stderr
     assert "Traceback" not in done.stderr and time.monotonic() - started < 60
     assert not (tmp_path / "out").exists()
+
+
+def test_migrate_takes_the_servers_api_key_as_the_other_commands_do(tmp_path, capsys):
+    """`lead migrate apply --server URL --api-key K` was "unrecognized arguments": only
+    LEAD_API_KEY reached the server (a new user's trial). A real HTTP server records the
+    header and refuses every key."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str | None] = []
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("authorization"))
+            body = json.dumps(
+                {"error": {"code": "invalid_api_key", "message": "invalid API key"}}
+            ).encode()
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        source = write_parquet(tmp_path / "src.parquet", np.arange(4), np.ones((4, 384)))
+        argv = ["migrate", "apply", source, str(tmp_path / "out"), "--stitch", "minilm-to-mpnet"]
+        assert main([*argv, "--server", url, "--api-key", "k-123"]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen and set(seen) == {"Bearer k-123"}
+    assert "the one of --api-key, else LEAD_API_KEY" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

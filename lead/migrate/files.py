@@ -84,6 +84,8 @@ class ArraySource(Closing):
         self.reader = EmbeddingReader(spec)
         #: rows are read by position: :func:`files_fingerprint` of the file
         self.fingerprint = files_fingerprint([self.reader.path])
+        #: for ``plan``: what a user may not expect
+        self.notes = [f"{spec} holds no ids: the target's ids are row numbers 0, 1, ..."]
         self.info = SourceInfo(
             uri=str(spec),
             rows=len(self.reader),
@@ -327,6 +329,16 @@ class ParquetSource(Closing):
         if wanted_id and wanted_id not in schema.names:
             raise StoreNotFoundError(f"{path} has no id column {wanted_id!r}", param="id")
         self.id_column = wanted_id or ("id" if "id" in schema.names else None)
+        #: for ``plan``: what a user may not expect
+        self.notes = (
+            []
+            if self.id_column is not None
+            else [
+                f"{path} has no column 'id' and ?id= names none: the target's ids are row "
+                f"numbers 0, 1, ... (name the id column with ?id=COLUMN; columns: "
+                f"{', '.join(schema.names)[:200]})"
+            ]
+        )
         id_kind = "int"
         if self.id_column is not None:
             kind = schema.field(self.id_column).type

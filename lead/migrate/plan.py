@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,8 @@ class PlanResult:
     problems : list of str
         What ``apply`` would refuse; empty when it can run. Zero vectors (for a stitch
         fitted on unit-length vectors) are named by id among the probe rows only.
+    notes : list of str
+        What ``apply`` will do that a user may not expect (ids that are row numbers).
     """
 
     source: dict[str, Any]
@@ -71,6 +73,7 @@ class PlanResult:
     estimated_seconds: float | None
     probe: dict[str, Any]
     problems: list[str]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +89,7 @@ class PlanResult:
             "estimated_seconds": self.estimated_seconds,
             "probe": self.probe,
             "problems": self.problems,
+            "notes": self.notes,
         }
 
 
@@ -156,8 +160,9 @@ def run_plan(
         "null_rows": info.null_rows,
         "vector_type": info.vector_type,
     }
+    notes = list(getattr(source, "notes", []))
     return PlanResult(
-        source_info, describe(translator), rows, output_bytes, estimate, probe, problems
+        source_info, describe(translator), rows, output_bytes, estimate, probe, problems, notes
     )
 
 

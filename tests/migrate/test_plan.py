@@ -58,3 +58,23 @@ def test_the_stored_value_type_is_named_as_the_source_holds_it(scifact_small, tm
         result = migrate.plan(str(source), UNIT_STITCH)
         assert result.ok, result.problems
         assert result.source["vector_type"] == stored
+
+
+def test_ids_that_will_be_row_numbers_are_noted(scifact_small, tmp_path):
+    """A Parquet file whose ids sit in `doc_id` planned "ok" without a word, and apply
+    wrote ids 0..n-1 (a new user's trial)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lead._arrow import vector_column
+
+    X = scifact_small.corpus["minilm"][:20]
+    path = tmp_path / "named.parquet"
+    names = pa.array([f"doc-{i}" for i in range(20)])
+    pq.write_table(pa.table({"doc_id": names, "vec": vector_column(X)}), path)
+    result = migrate.plan(str(path), UNIT_STITCH)
+    assert result.ok and len(result.notes) == 1
+    assert "no column 'id'" in result.notes[0] and "?id=COLUMN" in result.notes[0]
+    assert "doc_id" in result.notes[0] and result.as_dict()["notes"] == result.notes
+    named = migrate.plan(f"{path}?id=doc_id", UNIT_STITCH)
+    assert named.ok and named.notes == [] and named.source["id_kind"] == "str"

@@ -24,7 +24,7 @@ last batch that landed, and every row is in the target once.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -307,6 +307,13 @@ def check_same_migration(
             "a new target, or remove this one first",
             param="target",
         )
+    if differ and set(differ) <= set(_OPTIONS):  # the same migration, other options
+        same = ", ".join(_OPTIONS[key](have.get(key)) for key in differ)
+        raise ConflictError(
+            f"{where} holds this migration, begun with other options; resume it with the "
+            f"same ones ({same}), or write to a new target",
+            param="target",
+        )
     if differ:
         shown = "; ".join(
             f"{key}: {_short(have.get(key))}, this run: {_short(want.get(key))}" for key in differ
@@ -316,6 +323,20 @@ def check_same_migration(
             "one first",
             param="target",
         )
+
+
+def _flag(name: str) -> Callable[[Any], str]:
+    return lambda value: f"--{name}" if value else f"without --{name}"
+
+
+#: Recorded settings that are options of the same migration: how to give them again.
+_OPTIONS: dict[str, Callable[[Any], str]] = {
+    "confidence_column": lambda value: (
+        f"--confidence-column {value}" if value else "without --confidence-column"
+    ),
+    "normalize": _flag("normalize"),
+    "inverse": _flag("inverse"),
+}
 
 
 def _short(value: Any, most: int = 120) -> str:

@@ -446,10 +446,11 @@ def test_the_confidence_column_lands_with_the_vectors_and_survives_resume(
             source, str(target), scored, batch_size=90, progress=stop_after_two,
             confidence_column="conf",
         )  # fmt: skip
-    # resuming with another setting is another migration, every difference named
-    with pytest.raises(ConflictError, match="confidence_column") as refused:
+    # resuming with other options: said how to resume (it said "another migration ...
+    # remove this one first", and named only the first difference)
+    with pytest.raises(ConflictError, match="begun with other options") as refused:
         _apply(source, target, scored, batch_size=90, normalize=True)
-    assert "normalize: False, this run: True" in str(refused.value)
+    assert "(--confidence-column conf, without --normalize)" in str(refused.value)
     result = _apply(source, target, scored, batch_size=90, confidence_column="conf")
     assert (result.resumed_from, result.rows_written) == (180, len(X) - 180)
     table = pq.read_table(target)

@@ -397,7 +397,7 @@ def test_the_confidence_column_is_a_real_column_written_once_across_resume(
         )  # fmt: skip
     table = f"{name}_out"
     assert sql(pg_uri, f"SELECT count(confidence) FROM {table}")[0][0] == 150
-    with pytest.raises(ConflictError, match="confidence_column"):
+    with pytest.raises(ConflictError, match=r"same ones \(--confidence-column confidence\)"):
         migrate.apply(source, target, scored, batch_size=50, progress=False)
     result = migrate.apply(
         source, target, scored, batch_size=50, progress=False, confidence_column="confidence"

@@ -80,7 +80,7 @@ class VectorLimit:
     what: str  # e.g. "in one request" or "in source and target together"
 
 
-def refuse_too_many_vectors(body: bytes, limit: VectorLimit) -> None:
+def refuse_too_many_vectors(body: bytes, limit: VectorLimit, hint: str | None = None) -> None:
     """Refuse, before parsing, a JSON body that cannot hold ``limit.vectors`` or fewer.
 
     Every float vector opens a ``[`` and every base64 vector is a string (two ``"``);
@@ -93,7 +93,8 @@ def refuse_too_many_vectors(body: bytes, limit: VectorLimit) -> None:
     Raises
     ------
     LimitExceededError
-        When the body certainly holds more than ``limit.vectors`` vectors.
+        When the body certainly holds more than ``limit.vectors`` vectors (with ``hint``,
+        what to do instead, appended).
     """
     most = limit.vectors + _SPARE_TOKENS
     containers = body.count(b"[") + body.count(b"{")
@@ -104,7 +105,7 @@ def refuse_too_many_vectors(body: bytes, limit: VectorLimit) -> None:
         raise LimitExceededError(
             f"too many vectors (or nested values): the limit is {limit.vectors} vectors "
             f"{limit.what}, and the body holds at least {at_least} arrays, objects or strings "
-            "beyond its other fields",
+            "beyond its other fields" + (f"; {hint}" if hint else ""),
             limit=limit.vectors,
             got=at_least,
             param=limit.param,
@@ -380,7 +381,7 @@ class BodyLimitMiddleware:
                 scope = _without_coding(scope, len(body))
             vectors = self.path_vectors.get(path)
             if vectors is not None and messages[0]["type"] == "http.request":
-                refuse_too_many_vectors(messages[0]["body"], vectors)
+                refuse_too_many_vectors(messages[0]["body"], vectors, hint)
         except (
             PayloadTooLargeError,
             RequestTimeoutError,

@@ -409,6 +409,19 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
 ]  # fmt: skip
 
 
+def test_far_too_many_inline_pairs_are_told_to_upload_a_dataset(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    """Refused before parsing, the message counted "arrays, objects or strings" and did not
+    say what to do (a new user's trial with 5,000 pairs); it names the dataset upload now,
+    as the 413 of a body over the byte limit does."""
+    r = jobs.post("/v1/jobs", json=tiny_body(scifact_small, n=4 * INLINE_LIMIT))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert "upload the pairs first with POST /v1/datasets" in error["message"]
+
+
 def _with_bool(sf: Any) -> list[list[Any]]:
     rows: list[list[Any]] = sf.corpus["minilm"][:16].tolist()
     rows[3][7] = True

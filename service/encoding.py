@@ -151,9 +151,10 @@ def _decode_base64(items: list[Any], d_src: int) -> np.ndarray:
                     f"values (4 bytes each; expected {n_bytes} bytes = {d_src} × 4)",
                     param=f"input[{i}]",
                 )
+            doubled = " (float64 values? send float32)" if len(raw) == 2 * n_bytes else ""
             raise ShapeMismatchError(
                 f"input[{i}] has {_dimensions(len(raw) // 4)} ({len(raw)} bytes), but the stitch "
-                f"expects {d_src} ({n_bytes} bytes of little-endian float32)",
+                f"expects {d_src} ({n_bytes} bytes of little-endian float32){doubled}",
                 expected=d_src,
                 got=len(raw) // 4,
                 param=f"input[{i}]",

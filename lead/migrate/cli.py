@@ -477,7 +477,12 @@ def add_migrate_commands(commands: Any) -> None:
         "calibrate has the ids it was fitted on left out of the sample, so the figures are "
         "held-out ones",
     )
-    verify.add_argument("--report", default="lead-verify", metavar="DIR", help="report folder")
+    verify.add_argument(
+        "--report",
+        default="lead-verify",
+        metavar="DIR",
+        help="report folder (default ./lead-verify): report.json, report.md, a histogram",
+    )
     verify.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
     _gate_arguments(verify)
     verify.set_defaults(handler=_verify)

@@ -64,7 +64,15 @@ class DatasetOps:
         conn = self._db.connection()
         row = conn.execute("SELECT * FROM datasets WHERE id = ?", (dataset_id,)).fetchone()
         if row is None:
-            raise DatasetNotFoundError(f"no dataset with id {echo(dataset_id)}", param="dataset")
+            hint = (
+                ""
+                if dataset_id.startswith("ds_")
+                else " (a dataset is named by its id, ds_...; GET /v1/datasets, or `lead "
+                "datasets list`, shows each id with its name)"
+            )
+            raise DatasetNotFoundError(
+                f"no dataset with id {echo(dataset_id)}{hint}", param="dataset"
+            )
         return DatasetRecord.from_row(row)
 
     def list_datasets(

@@ -422,6 +422,16 @@ def test_far_too_many_inline_pairs_are_told_to_upload_a_dataset(
     assert "upload the pairs first with POST /v1/datasets" in error["message"]
 
 
+def test_a_dataset_named_by_its_name_is_told_to_use_the_id(jobs: TestClient) -> None:
+    """`lead jobs submit --dataset everyday` (a name given at upload) said only "no dataset
+    with id 'everyday'" (a new user's trial)."""
+    r = jobs.post("/v1/jobs", json={**_models(), "dataset": "everyday"})
+    assert r.status_code == 404, r.text
+    assert "named by its id, ds_" in r.json()["error"]["message"]
+    r = jobs.post("/v1/jobs", json={**_models(), "dataset": "ds_x"})
+    assert "named by its id" not in r.json()["error"]["message"]  # an id: no hint
+
+
 def _with_bool(sf: Any) -> list[list[Any]]:
     rows: list[list[Any]] = sf.corpus["minilm"][:16].tolist()
     rows[3][7] = True

@@ -414,3 +414,19 @@ def test_an_option_msgspec_cannot_build_is_a_clean_4xx(
         decode_request(body, registry, MAX_VECTORS)
     error = info.value
     assert isinstance(error, RequestValidationError) or kind_of(error)[0] in (400, 422)
+
+
+def test_a_base64_row_of_float64_is_named_as_such() -> None:
+    """A row of 384 float64 values was "768 dimensions (3072 bytes)", with no word of why
+    (a new user's trial)."""
+    import base64
+
+    from lead.errors import ShapeMismatchError
+
+    row = np.linspace(-1, 1, 384)  # float64
+    as_float64 = [base64.b64encode(row.astype("<f8").tobytes()).decode("ascii")]
+    with pytest.raises(ShapeMismatchError, match=r"\(float64 values\? send float32\)"):
+        decode_vectors(as_float64, 384)
+    with pytest.raises(ShapeMismatchError) as caught:  # another size: no such guess
+        decode_vectors(b64(row[None, :300].astype(np.float32)), 384)
+    assert "float64" not in caught.value.message

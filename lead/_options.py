@@ -52,6 +52,23 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
 MAX_SEED = 2**63 - 1
 
 
+def text_argument(text: str) -> str:
+    """The ``type`` of a command line's names and paths (``--out``, ``--source-model``): not
+    empty, no control characters (``--out ""`` wrote into the current folder, and an empty
+    model id was recorded in the stitch).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Shown by argparse as a usage error.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"must not hold control characters, got {text!r:.80}")
+    return text
+
+
 def seed_argument(text: str) -> int:
     """The ``type`` of a command line's ``--seed``: an integer in [0, :data:`MAX_SEED`]
     (NumPy refuses a negative seed with a traceback, deep in a fit).

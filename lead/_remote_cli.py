@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument
+from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument, text_argument
 from lead.client import DEFAULT_SERVER_URL, LeadClient
 from lead.errors import AuthenticationError, StoreError
 
@@ -287,8 +287,8 @@ def add_remote_commands(commands: Any) -> None:
     submit.add_argument("--dataset", help="an uploaded dataset id")
     submit.add_argument("--source", metavar="FILE[:TENSOR]", help="uploaded as a dataset first")
     submit.add_argument("--target", metavar="FILE[:TENSOR]")
-    submit.add_argument("--source-model", required=True)
-    submit.add_argument("--target-model", required=True)
+    submit.add_argument("--source-model", required=True, type=text_argument)
+    submit.add_argument("--target-model", required=True, type=text_argument)
     submit.add_argument(
         "--method",
         default="ridge",
@@ -339,7 +339,9 @@ def add_remote_commands(commands: Any) -> None:
         "download", help="download a stitch's files into a folder (lead.load_stitch loads it)"
     )
     download.add_argument("id")
-    download.add_argument("--out", required=True, metavar="DIR", help="new or empty folder")
+    download.add_argument(
+        "--out", required=True, type=text_argument, metavar="DIR", help="new or empty folder"
+    )
     download.set_defaults(handler=_remote(_download_stitch))
     delete = actions.add_parser("delete", help="delete a stitch trained by a job")
     delete.add_argument("id")

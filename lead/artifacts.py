@@ -140,8 +140,11 @@ def _exists(folder: Path) -> ConflictError:
 def _is_replaceable(folder: Path) -> bool:
     if not folder.is_dir() or folder.is_symlink():
         return False
-    if not any(folder.iterdir()):
+    names = {entry.name for entry in folder.iterdir()}
+    if not names:
         return True
+    if not names <= set(ARTIFACT_FILES):  # a user's files beside it: not ours to delete
+        return False
     try:
         return bool(json.loads((folder / CONFIG_FILE).read_text()).get("format") == FORMAT)
     except (OSError, ValueError, AttributeError):
@@ -198,7 +201,9 @@ def save_stitch(
         raise _exists(folder)
     if folder.exists() and not _is_replaceable(folder):
         raise InvalidInputError(
-            f"refusing to replace {folder}: it exists and is not a stitch folder", param="folder"
+            f"refusing to replace {folder}: it is not a stitch folder holding only "
+            f"{', '.join(ARTIFACT_FILES)} (replacing it deletes everything in it)",
+            param="folder",
         )
     if dtype not in STORAGE_DTYPES:
         raise InvalidInputError(
@@ -304,7 +309,8 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
         raise StitchFormatError(f"cannot read {folder / CONFIG_FILE}: {error}") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise StitchFormatError(f"{folder / CONFIG_FILE} is not a {FORMAT!r} config")
-    if config.get("format_version") != FORMAT_VERSION:
+    version = config.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:  # true == 1 in Python
         raise StitchFormatError(
             f"unsupported format_version {config.get('format_version')!r} "
             f"(this lead reads version {FORMAT_VERSION})"

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument
+from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument, text_argument
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -220,8 +220,8 @@ def _info_from(args: argparse.Namespace, fit: dict[str, Any]) -> Any:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source-model", required=True, help="source model id")
-    parser.add_argument("--target-model", required=True, help="target model id")
+    parser.add_argument("--source-model", required=True, type=text_argument, help="source model id")
+    parser.add_argument("--target-model", required=True, type=text_argument, help="target model id")
     parser.add_argument("--source-revision")
     parser.add_argument("--target-revision")
     for flag in ("source-normalized", "target-normalized"):
@@ -588,7 +588,12 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_out_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="folder to save the stitch in (new, or empty)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=text_argument,
+        help="folder to save the stitch in (new, or empty)",
+    )
     parser.add_argument("--force", action="store_true", help="replace a stitch already in --out")
 
 
@@ -708,7 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
     translate = commands.add_parser("translate", help="translate an embedding file")
     translate.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
     translate.add_argument("--input", required=True, metavar="FILE[:TENSOR]")
-    translate.add_argument("--output", required=True, metavar="FILE", help=".npy or .safetensors")
+    translate.add_argument(
+        "--output", required=True, type=text_argument, metavar="FILE", help=".npy or .safetensors"
+    )
     translate.add_argument(
         "--force", action="store_true", help="replace an --output file that exists already"
     )

@@ -211,6 +211,18 @@ def test_save_refuses_to_replace_something_that_is_not_a_stitch(tmp_path: Path) 
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidInputError):
         save_stitch(_fitted("ridge"), tmp_path / "file")
+    # a stitch folder with a user's files beside it: `lead fit --force` deleted them
+    stitch_dir = save_stitch(_fitted("ridge"), tmp_path / "stitch")
+    (stitch_dir / "notes.txt").write_text("keep me too")
+    with pytest.raises(InvalidInputError, match=r"holding only config\.json"):
+        save_stitch(_fitted("ridge"), stitch_dir)
+    assert (stitch_dir / "notes.txt").read_text() == "keep me too"
+
+
+def test_a_format_version_of_true_is_not_version_1(saved: Path) -> None:
+    _edit_config(saved, format_version=True)  # True == 1 in Python: it loaded
+    with pytest.raises(StitchFormatError, match="unsupported format_version True"):
+        load_stitch(saved)
 
 
 def test_load_moves_to_dtype(saved: Path) -> None:

@@ -594,6 +594,24 @@ def test_a_negative_seed_is_a_usage_error(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--out", "", "--out: must not be empty"),  # it wrote into the current folder
+        ("--source-model", " ", "--source-model: must not be empty"),  # recorded as is
+        ("--target-model", "x\ny", "--target-model: must not hold control characters"),
+    ],
+)
+def test_empty_names_and_paths_are_usage_errors(
+    flag: str, value: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _fit_args(tmp_path / "out")
+    args[args.index(flag) + 1] = value
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_files_that_cannot_be_written_are_a_message_not_a_traceback(
     fitted: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -212,8 +212,19 @@ class JobCreate(PairsInput):
         },
     )
 
-    source_model: str = Field(min_length=1, max_length=200, description="Model of `source`.")
-    target_model: str = Field(min_length=1, max_length=200, description="Model of `target`.")
+    # no control characters: a name is shown in listings, logs and /metrics labels
+    source_model: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Model of `source`.",
+    )
+    target_model: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Model of `target`.",
+    )
     method: str = Field(
         default="ridge",
         description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp`, "

@@ -370,6 +370,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     ("no target model", lambda sf: _without(tiny_body(sf), "target_model"), 422,
      "validation_error"),
     ("same models", lambda sf: tiny_body(sf, target_model=MINILM), 422, "validation_error"),
+    # it was served and listed under that name (an adversarial pass)
+    ("control characters in a model", lambda sf: tiny_body(sf, target_model="x\u0000\n"), 422,
+     "validation_error"),
     ("unknown method", lambda sf: tiny_body(sf, method="lasso"), 422, "validation_error"),
     ("seed as option", lambda sf: tiny_body(sf, options={"seed": 1}), 422, "validation_error"),
     ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,16 @@ def scored_stitch(folder: Path, scifact: Any) -> Path:
     stitch = fit_stitch(X[:320], Y[:320], "ridge")
     fit_confidence(stitch, X[:320], Y[:320], X[320:], Y[320:])
     return save_stitch(stitch, folder)
+
+
+def stop_after(batches: int) -> Callable[[int, int], None]:
+    """A ``progress`` callback that interrupts an apply after ``batches`` written batches,
+    as a ``kill`` would (the batches before it are in the target)."""
+    calls: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == batches:
+            raise KeyboardInterrupt
+
+    return progress

@@ -26,7 +26,7 @@ from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
 from tests.conftest import REPO
-from tests.migrate._data import write_parquet
+from tests.migrate._data import stop_after, write_parquet
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -103,15 +103,8 @@ def test_a_source_rewritten_between_runs_is_refused_not_mixed_in(
     ids = np.arange(300)
     source = write_parquet(tmp_path / "src.parquet", ids, X)
     target = tmp_path / "out"
-    calls = []
-
-    def stop_after_two(done: int, total: int) -> None:
-        calls.append(done)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        migrate.apply(source, str(target), minilm_to_mpnet, batch_size=50, progress=stop_after_two)
+        migrate.apply(source, str(target), minilm_to_mpnet, batch_size=50, progress=stop_after(2))
     write_parquet(tmp_path / "src.parquet", ids[::-1], X[::-1])
     with pytest.raises(ConflictError, match="whose files changed since it started") as refused:
         _apply(source, target, minilm_to_mpnet, batch_size=50)
@@ -434,16 +427,9 @@ def test_the_confidence_column_lands_with_the_vectors_and_survives_resume(
     ids = np.arange(len(X), dtype=np.int64) * 3
     source = write_parquet(tmp_path / "src.parquet", ids, X)
     target = tmp_path / "out"
-    stopped = []
-
-    def stop_after_two(done: int, total: int) -> None:
-        stopped.append(done)
-        if len(stopped) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         migrate.apply(
-            source, str(target), scored, batch_size=90, progress=stop_after_two,
+            source, str(target), scored, batch_size=90, progress=stop_after(2),
             confidence_column="conf",
         )  # fmt: skip
     # resuming with other options: said how to resume (it said "another migration ...

@@ -22,7 +22,7 @@ from lead.migrate.partitions import partition_store, plan_partitions
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
-from tests.migrate._data import write_parquet
+from tests.migrate._data import stop_after, write_parquet
 from tests.migrate.conftest import checksum, make_table, sql
 
 
@@ -86,15 +86,8 @@ def test_resume_after_partial_run_writes_each_row_once(pg_uri, scifact_small, mi
     ids = np.arange(len(X), dtype=np.int64)
     source = make_table(pg_uri, "t_resume", ids, X)
     target = with_params(pg_uri, table="t_resume_out", column="emb")
-    stopped = []
-
-    def stop_after_three(done: int, total: int) -> None:
-        stopped.append(done)
-        if len(stopped) == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop_after_three)
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop_after(3))
     assert sql(pg_uri, "SELECT count(*) FROM t_resume_out")[0][0] == 150
     result = migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
     assert (result.resumed_from, result.rows_written) == (150, len(X) - 150)
@@ -383,16 +376,9 @@ def test_the_confidence_column_is_a_real_column_written_once_across_resume(
     if not new_table:  # a new column of another table of the same rows
         make_table(pg_uri, f"{name}_out", ids, X)
     target = with_params(pg_uri, table=f"{name}_out", column="emb_mpnet")
-    stopped = []
-
-    def stop_after_three(done: int, total: int) -> None:
-        stopped.append(done)
-        if len(stopped) == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         migrate.apply(
-            source, target, scored, batch_size=50, progress=stop_after_three,
+            source, target, scored, batch_size=50, progress=stop_after(3),
             confidence_column="confidence",
         )  # fmt: skip
     table = f"{name}_out"

@@ -28,7 +28,7 @@ from lead.migrate.qdrant import LEAD_NAMESPACE
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import parse_store_uri, with_params
 from lead.migrate.translator import LocalTranslator
-from tests.migrate._data import write_parquet
+from tests.migrate._data import stop_after, write_parquet
 from tests.migrate.conftest import make_table
 
 qdrant_client = pytest.importorskip("qdrant_client")
@@ -162,15 +162,8 @@ def test_resume_after_partial_run_writes_each_point_once(scifact_small, minilm_t
     ids = list(range(len(X)))
     source = make_collection(storage, "src", ids, X)
     target = f"qdrant://{storage}/out?distance=Dot"
-    stopped = []
-
-    def stop_after_two(done: int, total: int) -> None:
-        stopped.append(done)
-        if len(stopped) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop_after_two)
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop_after(2))
     assert len(_points(storage, "out")) == 100
     # a run killed after its third batch landed but before its checkpoint moved
     client = _client(storage)
@@ -450,17 +443,10 @@ def test_the_confidence_is_a_payload_field_written_once_across_resume(
         if new_collection
         else with_params(source, vector="mpnet")
     )
-    stopped = []
-
-    def stop_after_two(done: int, total: int) -> None:
-        stopped.append(done)
-        if len(stopped) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         migrate.apply(
             with_params(source, vector="minilm"), target, scored, batch_size=50,
-            progress=stop_after_two, confidence_column="confidence",
+            progress=stop_after(2), confidence_column="confidence",
         )  # fmt: skip
     result = migrate.apply(
         with_params(source, vector="minilm"),

@@ -14,6 +14,7 @@ from lead.migrate.registry import open_target
 from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator, RemoteTranslator
 from scripts._harness import Server
+from tests.migrate._data import stop_after
 from tests.migrate.conftest import make_table
 
 pytestmark = pytest.mark.slow
@@ -51,20 +52,13 @@ def test_a_run_started_in_process_resumes_through_the_server(server, scifact_sma
     X = scifact_small.corpus["minilm"]
     np.save(tmp_path / "x.npy", X)
     target = str(tmp_path / "out")
-    calls = []
-
-    def stop_after_two(done: int, total: int) -> None:
-        calls.append(done)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         migrate.apply(
             str(tmp_path / "x.npy"),
             target,
             "minilm-to-mpnet",
             batch_size=64,
-            progress=stop_after_two,
+            progress=stop_after(2),
         )
     result = migrate.apply(
         str(tmp_path / "x.npy"),

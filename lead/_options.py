@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from lead.errors import InvalidInputError
 
@@ -52,6 +55,23 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
 MAX_SEED = 2**63 - 1
 
 
+#: Unicode categories a name may not hold: controls (C0, DEL, C1), format characters (bidi
+#: overrides, zero-width ones), line and paragraph separators, surrogates.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def name_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a name (a model id, a path): empty or blank, or holding a
+    character that is not shown as itself (a control, a bidi override, a line separator);
+    None when it can. A name is shown in listings, logs, ids and metric labels."""
+    if not text.strip():
+        return "must not be empty"
+    for c in text:
+        if unicodedata.category(c) in _UNPRINTABLE:
+            return f"must not hold the control or format character U+{ord(c):04X}"
+    return None
+
+
 def text_argument(text: str) -> str:
     """The ``type`` of a command line's names and paths (``--out``, ``--source-model``): not
     empty, no control characters (``--out ""`` wrote into the current folder, and an empty
@@ -62,10 +82,9 @@ def text_argument(text: str) -> str:
     argparse.ArgumentTypeError
         Shown by argparse as a usage error.
     """
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise argparse.ArgumentTypeError(f"must not hold control characters, got {text!r:.80}")
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -102,8 +121,10 @@ def check_int_option(value: Any, name: str, *, minimum: int, maximum: int | None
     InvalidInputError
         If ``value`` is not an integer or is out of range (``param`` is ``name``).
     """
+    if isinstance(value, np.integer):  # NumPy's integers are integers
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{name} must be an integer, got {value!r}", param=name)
+        raise InvalidInputError(f"{name} must be an integer, got {value!r:.80}", param=name)
     if value < minimum or (maximum is not None and value > maximum):
         upper = "" if maximum is None else f" and <= {maximum}"
         raise InvalidInputError(
@@ -124,7 +145,7 @@ def check_float_option(
         out of range (``param`` is ``name``).
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInputError(f"{name} must be a number, got {value!r}", param=name)
+        raise InvalidInputError(f"{name} must be a number, got {value!r:.80}", param=name)
     try:
         number = float(value)
     except OverflowError:  # an int beyond the float range

@@ -106,9 +106,17 @@ def encode_base64(vectors: Any) -> list[str]:
 
 
 def _decode_base64(items: list[str]) -> np.ndarray:
-    return np.stack([np.frombuffer(base64.b64decode(s), dtype="<f4") for s in items]).astype(
-        np.float32
-    )
+    """Base64 rows of little-endian float32 as (n, d) float32.
+
+    Raises
+    ------
+    ValueError
+        Invalid base64 (``binascii.Error``), rows of other lengths, or empty rows.
+    """
+    rows = [np.frombuffer(base64.b64decode(s, validate=True), dtype="<f4") for s in items]
+    if rows and not rows[0].size:
+        raise ValueError("an empty vector")
+    return np.stack(rows).astype(np.float32)
 
 
 def _retry_after(value: str | None) -> int:
@@ -225,8 +233,8 @@ class LeadClient:
         Server URL; default ``LEAD_SERVER_URL``, else ``http://127.0.0.1:8000``.
     api_key : str, optional
         Sent as ``Authorization: Bearer``; default ``LEAD_API_KEY``.
-    timeout : float, default 120
-        Seconds per request.
+    timeout : float or None, default 120
+        Seconds per request; None waits for ever.
     http : httpx.Client, optional
         A ready client to use instead (its base URL is used; e.g. a test client).
 
@@ -242,16 +250,17 @@ class LeadClient:
         base_url: str | None = None,
         *,
         api_key: str | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = 120.0,
         http: httpx.Client | None = None,
     ) -> None:
         url = base_url or os.environ.get("LEAD_SERVER_URL") or DEFAULT_SERVER_URL
-        if http is None and not url.startswith(("http://", "https://")):
+        if http is None and not url.lower().startswith(("http://", "https://")):
             raise le.InvalidInputError(  # httpx: "unsupported protocol 'localhost://'"
                 f"the server must be an http:// or https:// URL, got {url!r:.200}",
                 param="server",
             )
-        timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
+        if timeout is not None:  # None: no timeout (httpx's meaning)
+            timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
         key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
         if key and not _API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it
             raise le.InvalidInputError(
@@ -293,10 +302,13 @@ class LeadClient:
         if response.is_error:
             raise _error_from(response)
         try:
-            return response.json()
+            answer = response.json()
         except ValueError:
             text = " ".join(response.text.split())[:200] or "(no body)"
             raise _not_lead(response, text) from None
+        if not isinstance(answer, dict):  # every LEAD answer is a JSON object
+            raise _not_lead(response, f"a JSON {type(answer).__name__}, not an object")
+        return answer
 
     # ---------------------------------------------------------------- datasets
     def upload_dataset(

@@ -177,7 +177,7 @@ def _grade(value: object, qid: object, doc: object) -> float:
 
 def _check_k(k: Any) -> int:
     """``k`` as an int >= 1 (a NumPy integer too; not a bool, a float or a string)."""
-    return check_int_option(int(k) if isinstance(k, np.integer) else k, "k", minimum=1)
+    return check_int_option(k, "k", minimum=1)
 
 
 def _check_ranking(ranking: Any, corpus_ids: Sequence[str], k: int) -> np.ndarray:

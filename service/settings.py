@@ -85,6 +85,10 @@ class ApiKey(BaseModel):
             )
         if not secret.strip():
             raise ValueError("an API key is empty")
+        if not re.fullmatch(r"[\x21-\x7e]+", secret.strip()):
+            # what an HTTP client can send as a bearer token (RFC 6750): LeadClient refuses
+            # the others, and httpx cannot encode non-ASCII ones
+            raise ValueError("an API key must be printable ASCII without spaces")
         return {"secret": secret.strip(), "scope": scope}
 
     def get_secret_value(self) -> str:

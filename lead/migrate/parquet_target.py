@@ -147,7 +147,8 @@ class ParquetTarget(Closing):
                         param="target",
                     )
                 break
-        existed, had_lock = self.path.exists(), (self.path / LOCK).exists()
+        had_lock = (self.path / LOCK).exists()
+        made = [f for f in (self.path, *self.path.parents) if not f.exists()]  # deepest first
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             locked = self._lock()
@@ -163,13 +164,13 @@ class ParquetTarget(Closing):
             return self._open(spec, partitioned)
         except BaseException:
             # a refused run leaves nothing behind: no lock file in a folder that is not a
-            # LEAD target (a user's own folder), no folder it made (still holding the lock)
+            # LEAD target (a user's own folder), no folders it made (parents included)
             if not had_lock and not (self.path / MANIFEST).exists():
                 with contextlib.suppress(OSError):
                     (self.path / LOCK).unlink()
-                if not existed:
+                for folder in made:  # the folders mkdir made, if still empty
                     with contextlib.suppress(OSError):
-                        self.path.rmdir()
+                        folder.rmdir()
             self.close()
             raise
 

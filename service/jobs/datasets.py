@@ -32,6 +32,7 @@ from safetensors import safe_open
 from safetensors.numpy import save
 
 from lead._durable import atomic_write, fsync_path
+from lead._options import name_problem
 from lead.data import check_embeddings
 from lead.errors import (
     DecodeError,
@@ -264,6 +265,9 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
                     got=len(meta[key]),
                     param=key,
                 )
+            problem = name_problem(str(meta[key]))
+            if problem is not None:
+                raise InvalidInputError(f"metadata {key!r} {problem}", param=key)
             info[key] = str(meta[key])
     return info
 

@@ -581,4 +581,9 @@ def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int,
         )
     except TooFewPairsError as error:
         error.param = "options.holdout_fraction" if "holdout_fraction" in options else "pairs"
+        if method == "gated":  # its MLP's share is not an option of the gated method
+            error.message = error.message.replace(
+                "(add pairs, or raise its holdout_fraction option)", "(add pairs)"
+            )
+            error.args = (error.message, *error.args[1:])
         raise

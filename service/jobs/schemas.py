@@ -17,7 +17,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from lead._options import MAX_SEED
+from lead._options import MAX_SEED, name_problem
 from lead.errors import InvalidInputError, NonFiniteError
 from service.jobs.layout import STITCH_ID_PATTERN
 from service.jobs.store import DatasetRecord, JobRecord
@@ -212,19 +212,8 @@ class JobCreate(PairsInput):
         },
     )
 
-    # no control characters: a name is shown in listings, logs and /metrics labels
-    source_model: str = Field(
-        min_length=1,
-        max_length=200,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="Model of `source`.",
-    )
-    target_model: str = Field(
-        min_length=1,
-        max_length=200,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="Model of `target`.",
-    )
+    source_model: str = Field(min_length=1, max_length=200, description="Model of `source`.")
+    target_model: str = Field(min_length=1, max_length=200, description="Model of `target`.")
     method: str = Field(
         default="ridge",
         description="`ridge` (alias `affine`), `procrustes` (alias `orthogonal`), `mlp`, "
@@ -305,6 +294,16 @@ class JobCreate(PairsInput):
                 check_method_options(info.data["method"], value)
             except InvalidInputError as error:
                 raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("source_model", "target_model")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        # shown in listings, logs, stitch ids and /metrics labels: no controls, no bidi
+        # overrides, no line separators (a name with NUL and a newline was served)
+        problem = name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

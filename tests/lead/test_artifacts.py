@@ -467,6 +467,10 @@ def test_a_misspelt_folder_path_is_named_as_a_folder_not_a_hub_error(
     with pytest.raises(StitchNotFoundError, match="HF_HUB_OFFLINE") as caught:
         load_stitch("lead-org/other-stitch")  # no such local folder: the Hub's error as it is
     assert "no stitch folder" not in caught.value.message
+    monkeypatch.chdir(saved.parent.parent)  # a folder that is there, pinned as a Hub id is
+    with pytest.raises(StitchNotFoundError) as caught:
+        load_stitch(f"{saved.parent.name}/{saved.name}@main")
+    assert "has no" not in caught.value.message  # it said "the folder ... has no 'stitch'"
 
 
 def test_revision_must_agree_with_the_id(offline_cache: Path) -> None:
@@ -603,3 +607,7 @@ def test_a_stitch_its_storage_dtype_cannot_hold_is_not_saved(
     assert "save in float32" in caught.value.message
     assert not (tmp_path / "half").exists()
     assert load_stitch(save_stitch(stitch, tmp_path / "full")).info == stitch.info  # float32
+    # centred data: its means (~1e-17) round to 0 in float16 and change nothing (refused,
+    # as 100 % of their size, by a first version of the check)
+    X, Y = X - X.mean(axis=0), Y - Y.mean(axis=0)
+    save_stitch(fit_stitch(X, Y, "ridge"), tmp_path / "centred", dtype="float16")

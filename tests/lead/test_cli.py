@@ -599,7 +599,7 @@ def test_a_negative_seed_is_a_usage_error(
     [
         ("--out", "", "--out: must not be empty"),  # it wrote into the current folder
         ("--source-model", " ", "--source-model: must not be empty"),  # recorded as is
-        ("--target-model", "x\ny", "--target-model: must not hold control characters"),
+        ("--target-model", "x\ny", "--target-model: must not hold the control or format"),
     ],
 )
 def test_empty_names_and_paths_are_usage_errors(

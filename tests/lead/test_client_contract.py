@@ -21,6 +21,8 @@ REPLIES: dict[str, tuple[int, dict[str, str], bytes]] = {
     "/v1/info": (200, {}, json.dumps({"limits": {"max_vectors_per_request": "many"}}).encode()),
     "/v1/jobs": (200, {}, b"<html>a proxy's page</html>"),
     "/v1/translate": (200, {}, json.dumps({"object": "list"}).encode()),
+    "/v1/translate:junk": (200, {}, json.dumps({"data": [{"embedding": "!!!"}] * 2}).encode()),
+    "/v1/jobs/j1": (200, {}, b"[1, 2]"),
     "/v1/stitches": (
         429,
         {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"},
@@ -32,8 +34,11 @@ REPLIES: dict[str, tuple[int, dict[str, str], bytes]] = {
 class _Fixed(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("content-length") or 0)
-        self.rfile.read(length)
-        status, headers, body = REPLIES[self.path.split("?")[0]]
+        sent = self.rfile.read(length)
+        path = self.path.split("?")[0]
+        if b'"stitch": "junk"' in sent or b'"stitch":"junk"' in sent:
+            path += ":junk"
+        status, headers, body = REPLIES[path]
         self.send_response(status)
         for key, value in {"Content-Length": str(len(body)), **headers}.items():
             self.send_header(key, value)
@@ -65,6 +70,11 @@ def test_answers_that_are_not_lead_are_lead_errors(not_lead: str) -> None:
             client.translate(x, stitch="s")
         with pytest.raises(LeadError, match="did not answer POST /v1/translate"):
             client.translate(x, stitch="s", batch_size=2)
+        # invalid base64 decoded to an empty (2, 0) array, and a JSON array was a TypeError
+        with pytest.raises(LeadError, match="did not answer POST /v1/translate"):
+            client.translate(x, stitch="junk", batch_size=2)
+        with pytest.raises(LeadError, match="a JSON list, not an object"):
+            client.get_job("j1")
         with pytest.raises(OverloadedError) as caught:  # an HTTP date: in the past, 0 s
             client.list_stitches()
         assert caught.value.retry_after == 0
@@ -106,6 +116,7 @@ def test_bad_arguments_are_invalid_input(not_lead: str, call: Any, says: str) ->
     [
         ({"timeout": -1}, "timeout must be finite and > 0"),
         ({"base_url": "localhost:8843"}, "must be an http:// or https:// URL"),
+        ({"timeout": float("nan")}, "timeout must be finite"),
         ({"api_key": "ключ"}, "printable ASCII"),
         ({"api_key": "two\nlines"}, "printable ASCII"),
     ],
@@ -113,3 +124,13 @@ def test_bad_arguments_are_invalid_input(not_lead: str, call: Any, says: str) ->
 def test_bad_client_settings_are_invalid_input(kwargs: dict[str, Any], says: str) -> None:
     with pytest.raises(InvalidInputError, match=says):
         LeadClient(**{"base_url": "http://127.0.0.1:9", **kwargs})
+
+
+def test_numpy_integers_upper_case_schemes_and_no_timeout_are_taken(not_lead: str) -> None:
+    """A first version of the checks refused np.int64 batch sizes, HTTP:// and timeout=None,
+    all of which worked before (a second adversarial pass)."""
+    client = LeadClient(not_lead.replace("http://", "HTTP://"), timeout=None)
+    with client, pytest.raises(LeadError, match="did not answer POST /v1/translate"):
+        client.translate(
+            np.ones((2, 4)), stitch="junk", batch_size=np.int64(2), retries=np.int64(0)
+        )

@@ -336,8 +336,8 @@ def test_bad_targets_get_one_clear_error(tmp_path, scifact_small, minilm_to_mpne
         _apply(source, own, minilm_to_mpnet)
     assert [p.name for p in own.iterdir()] == ["notes.txt"]
     with pytest.raises(InvalidInputError, match="confidence column must not be named"):
-        _apply(source, tmp_path / "new", minilm_to_mpnet, confidence_column="id")
-    assert not (tmp_path / "new").exists()
+        _apply(source, tmp_path / "new" / "a" / "b", minilm_to_mpnet, confidence_column="id")
+    assert not (tmp_path / "new").exists()  # nor its parents
 
 
 def test_a_damaged_part_is_named(tmp_path, scifact_small, minilm_to_mpnet):

@@ -180,8 +180,21 @@ def test_scoped_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         (",", "entry 1 of 2 is empty"),
         (" ", "entry 1 of 1 is empty"),
         (f"{ADMIN_KEY},,{READER_KEY}", "entry 2 of 3 is empty"),
+        # keys no HTTP client can send as a bearer token (LeadClient refused them)
+        ("sec ret:translate", "printable ASCII without spaces"),
+        ("supersécret", "printable ASCII without spaces"),
     ],
-    ids=["unknown-scope", "colon-in-key", "empty", "duplicate", "comma", "blank", "gap"],
+    ids=[
+        "unknown-scope",
+        "colon-in-key",
+        "empty",
+        "duplicate",
+        "comma",
+        "blank",
+        "gap",
+        "space",
+        "non-ascii",
+    ],
 )
 def test_bad_key_entries_are_refused_at_start_without_showing_keys(value: str, says: str) -> None:
     with pytest.raises(ValidationError) as error:

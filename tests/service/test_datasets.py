@@ -86,6 +86,20 @@ def test_retrieval_metadata_nested_too_deeply_or_with_huge_grades_is_refused(
     assert len(client.get("/v1/datasets", params={"limit": 100}).json()["data"]) == before
 
 
+def test_model_names_in_metadata_must_be_printable(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A dataset recorded and listed a model named "a/x\\x00\\nfoo" (an adversarial pass):
+    jobs refused such names, uploads did not."""
+    for name in ("a/x\x00\nfoo", "a/x\u202egnp.exe", "  "):
+        r = client.post(
+            "/v1/datasets", content=dataset_bytes(*pairs, metadata={"source_model": name}),
+            headers=OCTET,
+        )  # fmt: skip
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "source_model"
+
+
 def test_upload_multipart_and_other_float_dtypes(
     client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
 ) -> None:

@@ -373,6 +373,13 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     # it was served and listed under that name (an adversarial pass)
     ("control characters in a model", lambda sf: tiny_body(sf, target_model="x\u0000\n"), 422,
      "validation_error"),
+    ("a C1 control in a model", lambda sf: tiny_body(sf, target_model="a/x\x85"), 422,
+     "validation_error"),
+    ("a line separator in a model", lambda sf: tiny_body(sf, target_model="a/x\u2028e"), 422,
+     "validation_error"),
+    ("a bidi override in a model", lambda sf: tiny_body(sf, target_model="a/x\u202egnp.exe"),
+     422, "validation_error"),
+    ("a blank model", lambda sf: tiny_body(sf, target_model="   "), 422, "validation_error"),
     ("unknown method", lambda sf: tiny_body(sf, method="lasso"), 422, "validation_error"),
     ("seed as option", lambda sf: tiny_body(sf, options={"seed": 1}), 422, "validation_error"),
     ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),
@@ -697,6 +704,7 @@ def test_local_options_that_cannot_fit_are_refused_at_submission(
         error = ok.json()["error"]
         assert (error["code"], error["param"]) == ("too_few_pairs", "pairs"), error
         assert "gated stitch's MLP" in error["message"]
+        assert "holdout_fraction option" not in error["message"]  # not an option of gated
         assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
     if method == "gated":  # it trains (its MLP holds out 4+ of 45 pairs) and is served
         # (45 pairs are too few to beat the mean estimator: served all the same)

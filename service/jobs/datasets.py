@@ -193,8 +193,16 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
     try:
         handle = safe_open(str(path), framework="np")
     except Exception as exc:  # safetensors raises its own Rust-side error types
+        with open(path, "rb") as file:
+            npy = file.read(6) == b"\x93NUMPY"  # safetensors said "header too large"
+        hint = (
+            " (it is a .npy file: put the pairs in one .safetensors file with tensors "
+            "'source' and 'target', e.g. safetensors.numpy.save_file)"
+            if npy
+            else ""
+        )
         raise DecodeError(
-            f"the file is not a valid safetensors file: {exc}", param="file"
+            f"the file is not a valid safetensors file: {exc}{hint}", param="file"
         ) from None
     with handle as f:
         names, meta = set(f.keys()), f.metadata() or {}

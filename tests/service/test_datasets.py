@@ -86,6 +86,14 @@ def test_retrieval_metadata_nested_too_deeply_or_with_huge_grades_is_refused(
     assert len(client.get("/v1/datasets", params={"limit": 100}).json()["data"]) == before
 
 
+def test_a_npy_file_is_named_as_such(client: TestClient, tmp_path: Path) -> None:
+    """safetensors called it "header too large" (a new user's trial)."""
+    np.save(tmp_path / "x.npy", np.ones((8, 4), np.float32))
+    r = client.post("/v1/datasets", content=(tmp_path / "x.npy").read_bytes(), headers=OCTET)
+    assert r.status_code == 400, r.text
+    assert "it is a .npy file" in r.json()["error"]["message"]
+
+
 def test_model_names_in_metadata_must_be_printable(
     client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
 ) -> None:

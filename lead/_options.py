@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -18,11 +19,14 @@ import numpy as np
 from lead.errors import InvalidInputError
 
 __all__ = [
+    "API_KEY",
     "FIT_METHODS_HELP",
     "check_float_option",
     "check_int_option",
+    "name_problem",
     "parse_option_items",
     "seed_argument",
+    "text_argument",
 ]
 
 #: The fitting methods as the command lines list them (:data:`lead.fitting.METHODS` without
@@ -54,6 +58,10 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
 #: The largest seed accepted: torch and NumPy generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
 
+
+#: What an API key may hold (the service's LEAD_API_KEYS and the client's key): printable
+#: ASCII without spaces, what an HTTP client can send as a bearer token (RFC 6750).
+API_KEY = re.compile(r"[\x21-\x7e]+")
 
 #: Unicode categories a name may not hold: controls (C0, DEL, C1), format characters (bidi
 #: overrides, zero-width ones), line and paragraph separators, surrogates.

@@ -449,28 +449,33 @@ def check_storable(stitch: Stitch, dtype: str) -> None:
 
 
 def _check_stored(state: dict[str, Tensor], stored: dict[str, Tensor], dtype: str) -> None:
+    """:func:`check_storable` of the tensors ``state`` as ``stored`` in ``dtype``."""
     for name, tensor in state.items():
-        _check_tensor_stored(name, tensor, stored[name], dtype)
+        kept = stored[name]
+        if kept.dtype == tensor.dtype or not tensor.is_floating_point() or not tensor.numel():
+            continue
+        exact = tensor.detach().to("cpu", torch.float64)
+        norm = float(exact.norm())
+        error = float((kept.to(torch.float64) - exact).norm())
+        if math.isfinite(error) and (error <= MAX_STORAGE_ERROR * norm or tensor.ndim < 2):
+            # a vector (a mean, a bias, a scale) only overflows: the mean of centred data
+            # (~1e-9) rounds to 0 in float16 and changes nothing beside data of unit scale
+            continue
+        raise _not_storable(name, exact, kept.dtype, dtype, error, norm)
 
 
-def _check_tensor_stored(name: str, tensor: Tensor, stored: Tensor, dtype: str) -> None:
-    if stored.dtype == tensor.dtype or not tensor.is_floating_point() or tensor.numel() == 0:
-        return
-    exact = tensor.detach().to("cpu", torch.float64)
-    norm = float(exact.norm())
-    error = float((stored.to(torch.float64) - exact).norm())
-    if math.isfinite(error) and (error <= MAX_STORAGE_ERROR * norm or tensor.ndim < 2):
-        # a vector (a mean, a bias, a scale) only overflows: the mean of centred data
-        # (~1e-9) rounds to 0 in float16 and changes nothing beside data of unit scale
-        return
-    peak, largest = float(exact.abs().max()), float(torch.finfo(stored.dtype).max)
+def _not_storable(
+    name: str, exact: Tensor, kind: torch.dtype, dtype: str, error: float, norm: float
+) -> InvalidInputError:
+    """The error for tensor ``name`` (``exact``, float64) that ``dtype`` cannot hold."""
+    peak, largest = float(exact.abs().max()), float(torch.finfo(kind).max)
     why = (
         f"its values reach {peak:.3g}, beyond {dtype}'s largest {largest:.3g}"
         if peak > largest or not math.isfinite(error)
         else f"{dtype} would change it by {error / norm:.1%} (its values, at most {peak:.3g} "
         "in magnitude, are below its precision)"
     )
-    raise InvalidInputError(
+    return InvalidInputError(
         f"tensor {name!r} does not fit {dtype}: {why}; save in float32", param="dtype"
     )
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from lead import _arrow
 from lead import errors as le
-from lead._options import check_float_option, check_int_option
+from lead._options import API_KEY, check_float_option, check_int_option
 from lead.artifacts import ARTIFACT_FILES
 
 __all__ = ["DEFAULT_SERVER_URL", "TERMINAL_STATUSES", "LeadClient", "encode_base64"]
@@ -136,10 +136,20 @@ def _retry_after(value: str | None) -> int:
     return math.ceil(min(max(0.0, seconds), 86400.0)) if math.isfinite(seconds) else 1
 
 
+def _not_lead_message(where: object, detail: str, request: str = "") -> str:
+    """What to say of an answer no LEAD server sends (a proxy, another server)."""
+    return f"{where} did not answer{request} as a LEAD server: {detail}"[:400]
+
+
+def _body_text(response: httpx.Response) -> str:
+    """One line of a response's body, for a message."""
+    return " ".join(response.text.split())[:200] or "(no body)"
+
+
 def _not_lead(response: httpx.Response, detail: str) -> le.LeadError:
     """A successful answer that is not what a LEAD server sends (a proxy, another server)."""
-    url = response.request.url.copy_with(query=None)
-    return le.LeadError(f"{url} did not answer as a LEAD server: {detail}"[:400], param="server")
+    message = _not_lead_message(response.request.url.copy_with(query=None), detail)
+    return le.LeadError(message, param="server")
 
 
 def _error_from(response: httpx.Response) -> le.LeadError:
@@ -150,11 +160,9 @@ def _error_from(response: httpx.Response) -> le.LeadError:
         request_id = body.get("request_id")
     except (ValueError, KeyError, TypeError):
         # not LEAD's error envelope (a proxy, another server): one line of its body
-        text = " ".join(response.text.split())[:200] or "(no body)"
         code, param, request_id = "http_error", None, None
-        message = (
-            f"{response.request.url.copy_with(query=None)} did not answer as a LEAD server: {text}"
-        )
+        url = response.request.url.copy_with(query=None)
+        message = _not_lead_message(url, _body_text(response))
     status = response.status_code
     retry_after = _retry_after(response.headers.get("retry-after"))
     exc: le.LeadError
@@ -220,10 +228,6 @@ def _path_part(value: str, safe: str = "") -> str:
     return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 
 
-#: What an API key may hold: printable ASCII without spaces.
-_API_KEY = re.compile(r"[\x21-\x7e]+")
-
-
 class LeadClient:
     """Talk to a LEAD server over HTTP.
 
@@ -262,7 +266,7 @@ class LeadClient:
         if timeout is not None:  # None: no timeout (httpx's meaning)
             timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
         key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
-        if key and not _API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it
+        if key and not API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it
             raise le.InvalidInputError(
                 "the API key must be printable ASCII without spaces (as LEAD_API_KEYS holds it)",
                 param="api_key",
@@ -304,8 +308,7 @@ class LeadClient:
         try:
             answer = response.json()
         except ValueError:
-            text = " ".join(response.text.split())[:200] or "(no body)"
-            raise _not_lead(response, text) from None
+            raise _not_lead(response, _body_text(response)) from None
         if not isinstance(answer, dict):  # every LEAD answer is a JSON object
             raise _not_lead(response, f"a JSON {type(answer).__name__}, not an object")
         return answer
@@ -709,11 +712,9 @@ class LeadClient:
             return max(1, min(int(self._limits["max_vectors_arrow"]), by_bytes))
         except (KeyError, TypeError, ValueError) as error:  # not LEAD's /v1/info
             self._limits = None
-            raise le.LeadError(
-                f"{self.http.base_url} did not answer GET /v1/info as a LEAD server "
-                f"({type(error).__name__}: {str(error)[:100]}); give batch_size",
-                param="server",
-            ) from None
+            detail = f"{type(error).__name__}: {str(error)[:100]}; give batch_size"
+            message = _not_lead_message(self.http.base_url, detail, " GET /v1/info")
+            raise le.LeadError(message, param="server") from None
 
     @staticmethod
     def _retrying(call: Callable[[], _Scored], retries: int) -> _Scored:
@@ -750,11 +751,9 @@ class LeadClient:
             confidence = np.array([item["confidence"] for item in data], dtype=np.float32)
             return y, confidence, np.array([item["out_of_distribution"] for item in data], bool)
         except (KeyError, TypeError, ValueError, binascii.Error) as error:
-            raise le.LeadError(
-                f"{self.http.base_url} did not answer POST /v1/translate as a LEAD server "
-                f"({type(error).__name__}: {str(error)[:100]})",
-                param="server",
-            ) from None
+            detail = f"{type(error).__name__}: {str(error)[:100]}"
+            message = _not_lead_message(self.http.base_url, detail, " POST /v1/translate")
+            raise le.LeadError(message, param="server") from None
 
     def _translate_arrow(
         self, rows: np.ndarray, *, normalize: bool, naming: dict[str, str], scored: bool

@@ -71,10 +71,17 @@ def holdout_split(
 
 
 def early_stopping_split(
-    n: int, holdout_fraction: float, seed: int, *, method: str
+    n: int,
+    holdout_fraction: float,
+    seed: int,
+    *,
+    method: str,
+    option: str | None = "holdout_fraction",
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`holdout_split` of a trained method's own early-stopping rows, whose error
-    says how many pairs the method needs (not the caller's hold-out, which it is not).
+    says how many pairs the method needs (not the caller's hold-out, which it is not),
+    and, when the share is the caller's to change, the ``option`` that sets it (None: a
+    fixed share, such as the gated stitch's MLP's).
 
     Raises
     ------
@@ -91,7 +98,7 @@ def early_stopping_split(
             raise TooFewPairsError(
                 f"the {method} fit's early stopping holds out {holdout_fraction:g} of its "
                 f"training pairs, too small a share to hold out {MIN_SPLIT_SIDE} of any "
-                "realistic number (raise its holdout_fraction option)",
+                f"realistic number (raise its {option} option)",
                 minimum=MIN_SPLIT_SIDE,
                 got=n,
                 param="holdout_fraction",
@@ -105,10 +112,10 @@ def early_stopping_split(
             ),
             start,
         )
+        advice = f"add pairs, or raise its {option} option" if option else "add pairs"
         raise TooFewPairsError(
             f"the {method} fit holds out {holdout_fraction:g} of its {n} training pairs for "
-            f"early stopping and needs at least {need} of them (add pairs, or raise its "
-            "holdout_fraction option)",
+            f"early stopping and needs at least {need} of them ({advice})",
             minimum=need,
             got=n,
             param="holdout_fraction",

@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lead._options import API_KEY
 from lead.artifacts import BUNDLED_MODELS_DIR
 
 __all__ = ["DEFAULT_MODELS_DIR", "SCOPES", "ApiKey", "Scope", "Settings"]
@@ -85,9 +86,7 @@ class ApiKey(BaseModel):
             )
         if not secret.strip():
             raise ValueError("an API key is empty")
-        if not re.fullmatch(r"[\x21-\x7e]+", secret.strip()):
-            # what an HTTP client can send as a bearer token (RFC 6750): LeadClient refuses
-            # the others, and httpx cannot encode non-ASCII ones
+        if not API_KEY.fullmatch(secret.strip()):  # LeadClient refuses the others too
             raise ValueError("an API key must be printable ASCII without spaces")
         return {"secret": secret.strip(), "scope": scope}
 

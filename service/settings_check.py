@@ -73,8 +73,8 @@ def _variable(field: object) -> str:
     return f"LEAD_{str(field).upper()}"
 
 
-def describe(error: ValidationError) -> str:
-    """Each refused setting as ``LEAD_NAME: why``, one per line (pydantic names the fields
+def describe(error: ValidationError) -> list[str]:
+    """Each refused setting as ``LEAD_NAME: why``, a line each (pydantic names the fields
     and adds a documentation link; the variables are what a user set). Values are not
     repeated: the settings hold secrets."""
     lines = []
@@ -83,7 +83,7 @@ def describe(error: ValidationError) -> str:
         where = _variable(loc[0]) if loc[0] else "settings"
         message = str(item["msg"]).removeprefix("Value error, ")
         lines.append(f"{where}: {message}")
-    return "\n".join(lines)
+    return lines
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -112,7 +112,7 @@ def main() -> int:
         sys.stderr.write(f"LEAD settings: {exc.message}\n")
         return 1
     except ValidationError as exc:
-        sys.stderr.write("".join(f"LEAD settings: {line}\n" for line in describe(exc).split("\n")))
+        sys.stderr.write("".join(f"LEAD settings: {line}\n" for line in describe(exc)))
         return 1
     except (RuntimeError, OSError) as exc:  # RuntimeError: no CUDA there
         sys.stderr.write(f"LEAD settings: {exc}\n")

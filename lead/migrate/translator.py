@@ -39,8 +39,6 @@ __all__ = [
     "Translator",
 ]
 
-#: ``models/`` of the repository: ``--stitch minilm-to-mpnet`` names a bundled stitch.
-
 
 @dataclass(frozen=True)
 class StitchRef:

@@ -566,24 +566,21 @@ def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int,
     from lead.splits import early_stopping_split
     from lead.training import MLPConfig
 
+    option = "holdout_fraction"
     defaults = {
-        "mlp": ("MLP", MLPConfig.holdout_fraction),
-        "invertible": ("invertible", InvertibleConfig.holdout_fraction),
+        "mlp": ("MLP", MLPConfig.holdout_fraction, option),
+        "invertible": ("invertible", InvertibleConfig.holdout_fraction, option),
         # the gated stitch's MLP expert, on every training pair, with MLPConfig's share
-        "gated": ("gated stitch's MLP", MLPConfig.holdout_fraction),
+        # (not an option of the gated method)
+        "gated": ("gated stitch's MLP", MLPConfig.holdout_fraction, None),
     }
     if method not in defaults:
         return
-    name, fraction = defaults[method]
+    name, fraction, settable = defaults[method]
     try:
         early_stopping_split(
-            train, float(options.get("holdout_fraction", fraction)), seed, method=name
+            train, float(options.get(option, fraction)), seed, method=name, option=settable
         )
     except TooFewPairsError as error:
-        error.param = "options.holdout_fraction" if "holdout_fraction" in options else "pairs"
-        if method == "gated":  # its MLP's share is not an option of the gated method
-            error.message = error.message.replace(
-                "(add pairs, or raise its holdout_fraction option)", "(add pairs)"
-            )
-            error.args = (error.message, *error.args[1:])
+        error.param = f"options.{option}" if option in options else "pairs"
         raise

@@ -5,9 +5,7 @@ JSONDecodeError or UnicodeEncodeError (an adversarial pass found each of those).
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 
 from lead.client import LeadClient, _retry_after
 from lead.errors import InvalidInputError, LeadError, OverloadedError
+from tests._http import answering
 
 #: path -> (status, headers, body) the fake server answers with
 REPLIES: dict[str, tuple[int, dict[str, str], bytes]] = {
@@ -31,34 +30,17 @@ REPLIES: dict[str, tuple[int, dict[str, str], bytes]] = {
 }
 
 
-class _Fixed(BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        sent = self.rfile.read(length)
-        path = self.path.split("?")[0]
-        if b'"stitch": "junk"' in sent or b'"stitch":"junk"' in sent:
-            path += ":junk"
-        status, headers, body = REPLIES[path]
-        self.send_response(status)
-        for key, value in {"Content-Length": str(len(body)), **headers}.items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
+def _reply(method: str, path: str, headers: Any, sent: bytes) -> tuple[int, dict[str, str], bytes]:
+    path = path.split("?")[0]
+    if b'"stitch": "junk"' in sent or b'"stitch":"junk"' in sent:
+        path += ":junk"
+    return REPLIES[path]
 
 
 @pytest.fixture(scope="module")
 def not_lead() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with answering(_reply) as url:
+        yield url
 
 
 def test_answers_that_are_not_lead_are_lead_errors(not_lead: str) -> None:

@@ -18,6 +18,7 @@ from lead.cli import main
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.translator import LocalTranslator
 from scripts.migrate_demo import build_demo, load_scifact
+from tests._http import answering
 from tests.conftest import REPO
 from tests.migrate._data import write_parquet
 from tests.migrate.conftest import checksum, sql
@@ -271,35 +272,17 @@ def test_migrate_takes_the_servers_api_key_as_the_other_commands_do(tmp_path, ca
     """`lead migrate apply --server URL --api-key K` was "unrecognized arguments": only
     LEAD_API_KEY reached the server (a new user's trial). A real HTTP server records the
     header and refuses every key."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     seen: list[str | None] = []
 
-    class Refusing(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.headers.get("authorization"))
-            body = json.dumps(
-                {"error": {"code": "invalid_api_key", "message": "invalid API key"}}
-            ).encode()
-            self.send_response(401)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def refuse(method: str, path: str, headers: Any, sent: bytes) -> tuple[int, dict, bytes]:
+        seen.append(headers.get("authorization"))
+        error = {"error": {"code": "invalid_api_key", "message": "invalid API key"}}
+        return 401, {}, json.dumps(error).encode()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with answering(refuse) as url:
         source = write_parquet(tmp_path / "src.parquet", np.arange(4), np.ones((4, 384)))
         argv = ["migrate", "apply", source, str(tmp_path / "out"), "--stitch", "minilm-to-mpnet"]
         assert main([*argv, "--server", url, "--api-key", "k-123"]) == 2
-    finally:
-        server.shutdown()
-        server.server_close()
     assert seen and set(seen) == {"Bearer k-123"}
     assert "the one of --api-key, else LEAD_API_KEY" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from lead.artifacts import BUNDLED_MODELS_DIR
 from lead.errors import InvalidInputError, LeadError, StoreError
 from lead.migrate.stores import parse_store_uri
 from lead.migrate.translator import LocalTranslator, RemoteTranslator
+from tests._http import answering
 
 SECRET = "Hunter2Secret"
 
@@ -80,25 +79,10 @@ def test_a_server_that_is_not_there_or_not_lead(tmp_path: Path):
     with pytest.raises(StoreError, match="cannot reach the LEAD server"):
         RemoteTranslator(f"http://127.0.0.1:{_closed_port()}", "minilm-to-mpnet")
 
-    class Html(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"<html>\n<body>\n<h1>Not Found</h1>\n</body>\n</html>\n"
-            self.send_response(404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def not_found(method: str, path: str, headers: object, sent: bytes) -> tuple[int, dict, bytes]:
+        return 404, {}, b"<html>\n<body>\n<h1>Not Found</h1>\n</body>\n</html>\n"
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Html)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(LeadError) as caught:
-            RemoteTranslator(f"http://127.0.0.1:{server.server_port}", "minilm-to-mpnet")
-        message = str(caught.value)
-        assert "did not answer as a LEAD server" in message and "\n" not in message
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering(not_found) as url, pytest.raises(LeadError) as caught:
+        RemoteTranslator(url, "minilm-to-mpnet")
+    message = str(caught.value)
+    assert "did not answer as a LEAD server" in message and "\n" not in message

@@ -334,7 +334,11 @@ class Settings(BaseSettings):
                     "separated by commas (unset the variable to serve without keys)"
                 )
             return parts
-        return _split_list(value)
+        keys = _split_list(value)
+        if isinstance(value, str) and keys == []:
+            # like "," above: a template that rendered no keys must not turn authentication off
+            raise ValueError("the list is empty; unset the variable to serve without keys")
+        return keys
 
     @field_validator("api_keys")
     @classmethod

@@ -1,6 +1,7 @@
 """``POST /v1/align``: how well two embedding spaces align, from paired vectors.
 
-Synchronous (no job): :func:`lead.alignment.alignment_scores` runs in the thread pool, on
+Synchronous (no job): the body is parsed (:mod:`service.json_body`) and
+:func:`lead.alignment.alignment_scores` runs in the thread pool, on
 at most ``LEAD_MAX_ALIGN_PAIRS`` pairs (a seeded subset of a larger dataset). At most
 ``LEAD_MAX_CONCURRENT_ALIGN`` run at once (each holds n × n matrices); one more is refused
 at once with 429 and ``Retry-After``, never queued.
@@ -8,7 +9,7 @@ at once with 429 and ``Retry-After``, never queued.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
@@ -16,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from service.deps import AlignLimiterDep, SettingsDep, require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import AlignRequest, AlignResponse, job_error_responses
+from service.json_body import json_body, json_request_body
 
 __all__ = ["router"]
 
@@ -27,10 +29,14 @@ router = APIRouter(tags=["align"])
     response_model=AlignResponse,
     responses=job_error_responses(400, 401, 404, 408, 413, 415, 422, 429, 503),
     dependencies=[Depends(require_json)],
+    openapi_extra=json_request_body(AlignRequest),
     summary="Score the alignment of two paired embedding sets",
 )
 async def align(
-    body: AlignRequest, jobs: JobsDep, limiter: AlignLimiterDep, settings: SettingsDep
+    body: Annotated[AlignRequest, Depends(json_body(AlignRequest))],
+    jobs: JobsDep,
+    limiter: AlignLimiterDep,
+    settings: SettingsDep,
 ) -> dict[str, Any]:
     """Representation similarity (linear and unbiased CKA, mutual k-NN, CKNNA, cycle k-NN,
     SVCCA, PWCCA) and cross-validated ridge R² ("alignability") of the pairs.

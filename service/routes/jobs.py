@@ -3,7 +3,8 @@
 
 A job fits a stitch from paired embeddings (an uploaded dataset or inline pairs) in a
 separate process, scores it on a held-out split, saves it and serves it at once. The
-handlers are plain functions: FastAPI runs them in its thread pool, off the event loop.
+handlers are plain functions: FastAPI runs them in its thread pool, off the event loop; the
+body too is parsed there (:mod:`service.json_body`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from service.deps import require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import JobCreate, JobList, JobOut, job_error_responses
+from service.json_body import json_body, json_request_body
 
 __all__ = ["router"]
 
@@ -29,10 +31,11 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelling", "canc
     response_model=JobOut,
     responses=job_error_responses(400, 404, 408, 409, 413, 415, 422, 503, 507),
     dependencies=[Depends(require_json)],
+    openapi_extra=json_request_body(JobCreate),
     summary="Train a stitch (asynchronous)",
 )
 def create_job(
-    body: JobCreate,
+    body: Annotated[JobCreate, Depends(json_body(JobCreate))],
     jobs: JobsDep,
     response: Response,
     idempotency_key: Annotated[

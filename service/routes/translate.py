@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from service import arrow_io
 from service.deps import TranslateContextDep, media_type, require_json_or_arrow
 from service.encoding import render_embeddings, render_scored
+from service.jobs.schemas import AlignRequest, JobCreate
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routes.translate_openapi import ARROW_ANSWER, REQUEST_BODY
@@ -214,4 +215,4 @@ async def translate(
 
 
 #: Models that the OpenAPI components must hold although no route declares them.
-OPENAPI_MODELS = (TranslateRequest,)
+OPENAPI_MODELS = (TranslateRequest, AlignRequest, JobCreate)

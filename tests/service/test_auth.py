@@ -180,6 +180,7 @@ def test_scoped_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         (",", "entry 1 of 2 is empty"),
         (" ", "entry 1 of 1 is empty"),
         (f"{ADMIN_KEY},,{READER_KEY}", "entry 2 of 3 is empty"),
+        ("[]", "the list is empty; unset the variable"),
         # keys no HTTP client can send as a bearer token (LeadClient refused them)
         ("sec ret:translate", "printable ASCII without spaces"),
         ("supersécret", "printable ASCII without spaces"),
@@ -192,6 +193,7 @@ def test_scoped_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         "comma",
         "blank",
         "gap",
+        "empty-json-list",
         "space",
         "non-ascii",
     ],

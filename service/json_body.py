@@ -1,0 +1,132 @@
+"""JSON request bodies parsed and validated in a worker thread, off the event loop.
+
+FastAPI parses a body declared as a pydantic model on the event loop: a 32 MB job of inline
+pairs held it for about 2 s, and every query-time translate request waited as long.
+:func:`json_body` reads the body on the loop (I/O only) and hands the parse and the model's
+validation to the thread pool, raising what FastAPI raises (the same
+:class:`~fastapi.exceptions.RequestValidationError`, locations under ``body``), so that
+the error envelope does not change; :func:`json_request_body` documents the body in the
+OpenAPI schema as FastAPI would have.
+
+A worker thread still holds the interpreter while C code parses: ``json.loads`` of the
+32 MB body in one call took 0.45 s, and the event loop waited for it. So a large array
+member is split into its elements first (``msgspec.Raw``: a scan, no objects) and parsed
+in pieces of about :data:`_PIECE_BYTES` by ``json.loads`` itself, letting the loop run in
+between; what ``msgspec`` cannot read (a ``NaN`` literal, which ``json.loads`` accepts and
+the models refuse by name) is parsed whole by ``json.loads``, with its errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+__all__ = ["json_body", "json_request_body"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+#: Bytes of array elements that one ``json.loads`` call parses (~4 ms).
+_PIECE_BYTES = 256 * 1024
+
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _loads_array(text: bytes) -> list[Any]:
+    elements = _ELEMENTS.decode(text)
+    values: list[Any] = []
+    start, size = 0, 0
+    for end, element in enumerate(elements, 1):
+        size += len(element)
+        if size >= _PIECE_BYTES or end == len(elements):
+            values += json.loads(b"[" + b",".join(map(bytes, elements[start:end])) + b"]")
+            start, size = end, 0
+    return values
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``, the large arrays of a JSON object parsed in pieces."""
+    if len(body) > _PIECE_BYTES and body.lstrip()[:1] == b"{":
+        try:
+            members = _MEMBERS.decode(body)
+        except msgspec.DecodeError:
+            pass  # not strict JSON: json.loads reads it, or says why not
+        else:
+            values = {key: bytes(raw) for key, raw in members.items()}
+            return {
+                key: _loads_array(text) if text[:1] == b"[" else json.loads(text)
+                for key, text in values.items()
+            }
+    return json.loads(body)  # as Starlette's Request.json, which FastAPI calls
+
+
+def _validate(model: type[ModelT], body: bytes) -> ModelT:
+    if not body:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+        )
+    try:
+        data = _loads(body)
+    except json.JSONDecodeError as error:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", error.pos),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": error.msg},
+                }
+            ],
+            body=error.doc,
+        ) from error
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        errors = [
+            {**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)
+        ]
+        raise RequestValidationError(errors, body=data) from error
+
+
+def json_body(model: type[ModelT]) -> Callable[[Request], Awaitable[ModelT]]:
+    """A dependency that yields the request body validated as ``model``.
+
+    Parameters
+    ----------
+    model : type of pydantic.BaseModel
+        The body's model; declare it in the route's ``openapi_extra`` with
+        :func:`json_request_body` and among the extra OpenAPI models.
+
+    Returns
+    -------
+    callable
+        An ``async`` dependency for ``Depends``.
+
+    Raises
+    ------
+    fastapi.exceptions.RequestValidationError
+        The body is empty (``missing``), not JSON (``json_invalid``) or not a valid
+        ``model``; a :class:`~lead.errors.LeadError` that a validator raises passes through.
+    """
+
+    async def dependency(request: Request) -> ModelT:
+        body = await request.body()
+        return await run_in_threadpool(_validate, model, body)
+
+    return dependency
+
+
+def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route whose body :func:`json_body` reads: a required
+    ``application/json`` body of ``model``'s schema (a component of its name)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}

@@ -1,0 +1,124 @@
+"""JSON bodies parsed off the event loop (service.json_body): the same values and errors as
+FastAPI's own parse, large arrays parsed in pieces, and the loop free meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+
+from service import json_body
+from service.jobs.schemas import AlignRequest
+
+
+def _rows(n: int, d: int) -> list[list[float]]:
+    return np.random.default_rng(n + d).standard_normal((n, d)).astype(np.float32).tolist()
+
+
+def _big() -> dict[str, Any]:
+    return {
+        "source": _rows(600, 384),  # ~4.6 MB: pieces of _PIECE_BYTES
+        "target": [["x" * 40] for _ in range(20_000)],
+        "empty": [],
+        "nested": {"alphas": [0.1, 1.0], "name": "é\u2028"},
+        "count": 3,
+        "none": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        orjson.dumps(_big()),
+        json.dumps(_big(), indent=1).encode(),  # whitespace everywhere
+        b"  \n" + orjson.dumps(_big()),
+        orjson.dumps(_big())[:-1] + b',"count":4}',  # a repeated key: the last one counts
+        orjson.dumps([_rows(600, 384)]),  # not an object: parsed whole
+        b"{}",
+    ],
+    ids=["compact", "indented", "leading-space", "repeated-key", "top-level-array", "empty"],
+)
+def test_parsed_values_equal_json_loads(body: bytes) -> None:
+    assert len(body) < 3 or len(body) > json_body._PIECE_BYTES
+    assert json_body._loads(body) == json.loads(body)
+
+
+def test_a_large_array_is_parsed_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    loads = json.loads
+
+    def counting(text: bytes | str) -> Any:
+        calls.append(len(text))
+        return loads(text)
+
+    monkeypatch.setattr(json_body.json, "loads", counting)
+    body = orjson.dumps({"source": _rows(600, 384), "k": 1})
+    assert json_body._loads(body)["source"] == loads(body)["source"]
+    assert len(calls) > 5
+    assert max(calls) < 2 * json_body._PIECE_BYTES  # no call parsed the whole array
+
+
+def test_json_that_only_the_stdlib_reads_is_parsed_whole() -> None:
+    # NaN literals are not JSON (msgspec refuses them); json.loads reads them, so that the
+    # model can refuse them by name, as before
+    body = json.dumps({**_big(), "count": math.nan}).encode()
+    assert math.isnan(json_body._loads(body)["count"])
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (b"", "missing"),
+        (b'{"source": [[1.0, 2.0]', "json_invalid"),
+        (orjson.dumps({"source": _rows(600, 384)})[:-2], "json_invalid"),
+        (b'{"folds": "x"}', "int_type"),
+    ],
+    ids=["empty", "truncated", "truncated-large", "wrong-type"],
+)
+def test_errors_are_fastapis(body: bytes, kind: str) -> None:
+    with pytest.raises(RequestValidationError) as error:
+        json_body._validate(AlignRequest, body)
+    first = error.value.errors()[0]
+    assert first["type"] == kind
+    assert first["loc"][0] == "body"
+
+
+def test_the_event_loop_runs_while_a_large_body_is_parsed() -> None:
+    class Pairs(BaseModel):
+        source: list[list[float]]
+
+    body = orjson.dumps({"source": _rows(3000, 384)})
+
+    class Request:
+        async def body(self) -> bytes:
+            return body
+
+    async def main() -> tuple[int, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        before = ticks
+        parsed = await json_body.json_body(Pairs)(Request())  # type: ignore[arg-type]
+        ticker.cancel()
+        return ticks - before, len(parsed.source)
+
+    started = time.perf_counter()
+    ticks, rows = asyncio.run(main())
+    assert rows == 3000
+    # the loop kept turning during the parse (on the loop, it would turn once)
+    assert ticks > 10, (ticks, time.perf_counter() - started)

@@ -299,10 +299,23 @@ class LeadClient:
                 f"cannot reach the LEAD server at {self.http.base_url}: {reason}", param="server"
             ) from error
 
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request, sent once more on a fresh connection when the server closed the
+        kept-alive connection as the request went out (httpx's "Server disconnected without
+        sending a response": the race of every keep-alive timeout) and repeating it is
+        harmless: a ``GET``, a translation, an alignment, a job with an ``Idempotency-Key``."""
+        with self._reaching():
+            try:
+                return self.http.request(method, path, **kwargs)
+            except httpx.RemoteProtocolError:
+                repeatable = method == "GET" or path in ("/v1/translate", "/v1/align")
+                if not repeatable and "Idempotency-Key" not in kwargs.get("headers", {}):
+                    raise
+                return self.http.request(method, path, **kwargs)
+
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        with self._reaching():
-            response = self.http.request(method, path, headers=headers, **kwargs)
+        response = self._send(method, path, headers=headers, **kwargs)
         if response.is_error:
             raise _error_from(response)
         try:
@@ -763,10 +776,9 @@ class LeadClient:
             params["return_confidence"] = "true"
         headers = {**self._headers, "Content-Type": _arrow.ARROW_STREAM}
         content = _arrow.vectors_stream(rows)
-        with self._reaching():
-            response = self.http.post(
-                "/v1/translate", content=content, params=params, headers=headers
-            )
+        response = self._send(
+            "POST", "/v1/translate", content=content, params=params, headers=headers
+        )
         if response.is_error:
             raise _error_from(response)
         return _arrow.read_scored(response.content, scored=scored)

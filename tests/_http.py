@@ -9,8 +9,10 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-#: ``(method, path, headers, body) -> (status, headers, body)``: the answer to one request.
-Answer = Callable[[str, str, Any, bytes], tuple[int, dict[str, str], bytes]]
+#: ``(method, path, headers, body) -> (status, headers, body)``: the answer to one request;
+#: ``None``: close the connection without one (a server's keep-alive timeout racing the
+#: request).
+Answer = Callable[[str, str, Any, bytes], tuple[int, dict[str, str], bytes] | None]
 
 
 @contextlib.contextmanager
@@ -20,7 +22,11 @@ def answering(answer: Answer) -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
             sent = self.rfile.read(int(self.headers.get("content-length") or 0))
-            status, headers, body = answer(self.command, self.path, self.headers, sent)
+            answered = answer(self.command, self.path, self.headers, sent)
+            if answered is None:
+                self.close_connection = True
+                return
+            status, headers, body = answered
             self.send_response(status)
             for key, value in {"Content-Length": str(len(body)), **headers}.items():
                 self.send_header(key, value)

@@ -4,6 +4,7 @@ JSONDecodeError or UnicodeEncodeError (an adversarial pass found each of those).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -116,3 +117,38 @@ def test_numpy_integers_upper_case_schemes_and_no_timeout_are_taken(not_lead: st
         client.translate(
             np.ones((2, 4)), stitch="junk", batch_size=np.int64(2), retries=np.int64(0)
         )
+
+
+def test_a_request_the_server_dropped_unanswered_is_sent_again_when_harmless() -> None:
+    """A server closing a kept-alive connection as a request goes out (its keep-alive
+    timeout) drops that request unanswered; a translation, a GET and a job with an
+    Idempotency-Key are sent once more, a job without a key is not."""
+    seen: list[str] = []
+
+    def drop_each_first(method: str, path: str, headers: Any, sent: bytes) -> Any:
+        path = path.split("?")[0]
+        seen.append(f"{method} {path}")
+        if seen.count(f"{method} {path}") % 2:  # every other time: no answer at all
+            return None
+        if path == "/v1/translate":
+            vector = base64.b64encode(np.ones(3, "<f4").tobytes()).decode()
+            return 200, {}, json.dumps({"data": [{"embedding": vector}] * 2}).encode()
+        return 200, {}, b'{"object": "job", "id": "job_1"}'
+
+    x = np.ones((2, 4), np.float32)
+    with answering(drop_each_first) as url, LeadClient(url) as client:
+        assert client.translate(x, stitch="s", batch_size=2).shape == (2, 3)
+        assert client.get_job("job_1")["id"] == "job_1"
+        job = client.submit_job("a", "b", dataset="ds_1", idempotency_key="k")
+        assert job["id"] == "job_1"
+        with pytest.raises(LeadError, match="Server disconnected without sending a response"):
+            client.submit_job("a", "b", dataset="ds_1")
+    assert seen == [
+        "POST /v1/translate",
+        "POST /v1/translate",
+        "GET /v1/jobs/job_1",
+        "GET /v1/jobs/job_1",
+        "POST /v1/jobs",
+        "POST /v1/jobs",
+        "POST /v1/jobs",
+    ]

@@ -300,6 +300,9 @@ class LimitsOut(BaseModel):
     max_dataset_bytes: int = Field(description="Bytes of an uploaded dataset file.")
     max_dataset_rows: int = Field(description="Pairs in an uploaded dataset.")
     max_inline_pairs: int = Field(description="Pairs sent inline in a job or align request.")
+    max_dimension: int = Field(
+        description="Dimension of the vectors of a dataset, a job's or an align request's pairs."
+    )
     max_align_pairs: int = Field(
         description="Pairs that POST /v1/align scores (a seeded subset of a larger dataset)."
     )

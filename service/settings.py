@@ -311,6 +311,13 @@ class Settings(BaseSettings):
         default=1024 * 1024 * 1024, ge=1, description="Size of an uploaded dataset file."
     )
     max_dataset_rows: int = Field(default=2_000_000, ge=4, description="Pairs in a dataset.")
+    max_dimension: int = Field(
+        default=16_384,
+        ge=1,
+        description="Dimension of the vectors of a dataset, a job's or an align request's "
+        "pairs (the widest embedding models have 4,096); a wider side would cost a job "
+        "gigabytes before it failed.",
+    )
     max_inline_pairs: int = Field(
         default=4096, ge=4, description="Pairs sent inline in a job or align request."
     )

@@ -46,6 +46,7 @@ from lead.errors import (
 __all__ = [
     "MIN_PAIRS",
     "PairedData",
+    "check_dimension",
     "inspect_dataset",
     "load_paired",
     "publish",
@@ -154,7 +155,24 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
 METADATA_LIMIT = 200
 
 
-def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
+def check_dimension(dim: int, max_dim: int, name: str) -> None:
+    """Refuse vectors of dimension ``dim`` wider than ``max_dim`` (``LEAD_MAX_DIMENSION``).
+
+    Raises
+    ------
+    LimitExceededError
+        If ``dim > max_dim``; ``param`` is ``name``.
+    """
+    if dim > max_dim:
+        raise LimitExceededError(
+            f"{name} has vectors of dimension {dim}; the limit is {max_dim} (LEAD_MAX_DIMENSION)",
+            limit=max_dim,
+            got=dim,
+            param=name,
+        )
+
+
+def inspect_dataset(path: Path, *, max_rows: int, max_dim: int) -> dict[str, Any]:
     """Validate a dataset file and describe it.
 
     Parameters
@@ -163,6 +181,8 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
         A ``.safetensors`` file (see the module docstring for its layout).
     max_rows : int
         Largest accepted pair count ``n``.
+    max_dim : int
+        Largest accepted dimension of any tensor.
 
     Returns
     -------
@@ -187,7 +207,8 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
         A tensor whose widest column spreads millions of times wider than its median
         column, so that float32 fitting would round the others away (HTTP 422).
     TooFewPairsError, LimitExceededError
-        Fewer than 4 or more than ``max_rows`` pairs; query tensors with 0 rows, or whose
+        Fewer than 4 or more than ``max_rows`` pairs, a dimension above ``max_dim``
+        (:func:`check_dimension`); query tensors with 0 rows, or whose
         queries have no document judged relevant among the corpus rows (HTTP 422).
     """
     try:
@@ -232,6 +253,8 @@ def inspect_dataset(path: Path, *, max_rows: int) -> dict[str, Any]:
                 )
             shapes[name], dtypes = shape, dtypes | {_DTYPES[dtype]}
         n, d_src, d_tgt = shapes["source"][0], shapes["source"][1], shapes["target"][1]
+        for name, shape in sorted(shapes.items()):
+            check_dimension(shape[1], max_dim, name)
         if shapes["target"][0] != n:
             raise ShapeMismatchError(
                 f"'source' has {n} rows but 'target' has {shapes['target'][0]}",

@@ -41,7 +41,14 @@ from lead.errors import (
 )
 from service.encoding import decode_vectors
 from service.errors import echo
-from service.jobs.datasets import inspect_dataset, load_paired, publish, receive_upload, save_pairs
+from service.jobs.datasets import (
+    check_dimension,
+    inspect_dataset,
+    load_paired,
+    publish,
+    receive_upload,
+    save_pairs,
+)
 from service.jobs.layout import DataLayout
 from service.jobs.process_runner import ProcessRunner
 from service.jobs.ray_runner import RayRunner
@@ -81,7 +88,7 @@ def _slug(model: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", name).strip("-._")[:40] or "model"
 
 
-def _decode_side(items: list[Any], name: str, limit: int) -> np.ndarray:
+def _decode_side(items: list[Any], name: str, limit: int, max_dim: int) -> np.ndarray:
     """Inline vectors (float arrays or base64 float32) → float32 ``(n, d)``, errors naming
     ``name[i]``."""
     if len(items) > limit:
@@ -105,6 +112,7 @@ def _decode_side(items: list[Any], name: str, limit: int) -> np.ndarray:
             dim = len(first)
         if dim < 1:
             raise ShapeMismatchError(f"{name}[0] is empty", expected=">= 1", got=0, param=name)
+        check_dimension(dim, max_dim, name)
         return decode_vectors(items, dim)
     except LeadError as exc:
         exc.message = exc.message.replace("input", name).replace(
@@ -386,8 +394,9 @@ class JobManager:
     def _inline_pairs(self, body: PairsInput) -> tuple[np.ndarray, np.ndarray]:
         limit = self.settings.max_inline_pairs
         assert body.source is not None and body.target is not None
-        source = _decode_side(body.source, "source", limit)
-        target = _decode_side(body.target, "target", limit)
+        max_dim = self.settings.max_dimension
+        source = _decode_side(body.source, "source", limit, max_dim)
+        target = _decode_side(body.target, "target", limit, max_dim)
         if source.shape[0] != target.shape[0]:
             raise ShapeMismatchError(
                 f"source has {source.shape[0]} vectors but target has {target.shape[0]}; "
@@ -503,7 +512,12 @@ class JobManager:
         size, sha256 = await receive_upload(chunks, tmp, max_bytes=self.settings.max_dataset_bytes)
         try:
             info = await anyio.to_thread.run_sync(
-                partial(inspect_dataset, tmp, max_rows=self.settings.max_dataset_rows)
+                partial(
+                    inspect_dataset,
+                    tmp,
+                    max_rows=self.settings.max_dataset_rows,
+                    max_dim=self.settings.max_dimension,
+                )
             )
             await anyio.to_thread.run_sync(publish, tmp, final)
             if self.store.shares_files:  # every server and Ray worker reads it from the store

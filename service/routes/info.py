@@ -30,6 +30,7 @@ async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
             max_dataset_bytes=settings.max_dataset_bytes,
             max_dataset_rows=settings.max_dataset_rows,
             max_inline_pairs=settings.max_inline_pairs,
+            max_dimension=settings.max_dimension,
             max_align_pairs=settings.max_align_pairs,
         ),
         jobs=JobsInfoOut(

@@ -30,6 +30,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         tmp_path_factory.mktemp("align-data"),
         max_align_pairs=MAX_ALIGN,
         max_inline_pairs=MAX_INLINE,
+        max_dimension=1000,
     )
     yield client
     client.__exit__(None, None, None)
@@ -112,6 +113,9 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("over the inline cap", lambda X, Y: {"source": np.tile(X, (6, 1)).tolist(),
                                           "target": np.tile(Y, (6, 1)).tolist()}, 422,
      "limit_exceeded"),
+    ("wider than the dimension cap", lambda X, Y: {"source": X.tolist(),
+                                                  "target": b64(np.tile(Y, (1, 2)))}, 422,
+     "limit_exceeded"),
     ("7 pairs in 2 folds", lambda X, Y: {"source": X[:7].tolist(), "target": Y[:7].tolist(),
                                          "folds": 2}, 422, "too_few_pairs"),
     ("all-zero source", lambda X, Y: {"source": np.zeros_like(X).tolist(),
@@ -133,6 +137,7 @@ PARAMS = {
     "all-zero source": ("source", ["source vectors do not vary"]),
     "one target row repeated": ("target", ["target vectors do not vary"]),
     "NaN seed": ("seed", ["seed"]),
+    "wider than the dimension cap": ("target", ["dimension 1536", "limit is 1000"]),
     "ill-conditioned source": ("source", ["ill-conditioned: column 7", "standardise"]),
     "a boolean among floats": ("source[0]", ["bool"]),
 }

@@ -20,6 +20,7 @@ from service.jobs.schemas import JobCreate
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_ROWS = 1000
+MAX_DIM = 1000
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(data_dir: Path) -> Iterator[TestClient]:
-    client = make_jobs_client(data_dir, max_dataset_bytes=MAX_BYTES, max_dataset_rows=MAX_ROWS)
+    client = make_jobs_client(
+        data_dir, max_dataset_bytes=MAX_BYTES, max_dataset_rows=MAX_ROWS, max_dimension=MAX_DIM
+    )
     yield client
     client.__exit__(None, None, None)
 
@@ -230,6 +233,8 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
      OCTET, 422, "ill_conditioned_input"),
     ("too many rows", lambda X, Y: dataset_bytes(np.tile(X, (21, 1)), np.tile(Y, (21, 1))),
      OCTET, 422, "limit_exceeded"),
+    ("wider than the dimension cap", lambda X, Y: dataset_bytes(X, np.tile(Y, (1, 3))), OCTET,
+     422, "limit_exceeded"),
     ("queries without ids", lambda X, Y: dataset_bytes(X, Y, target_queries=Y[:3]), OCTET, 400,
      "invalid_input"),
     ("source queries alone", lambda X, Y: dataset_bytes(X, Y, source_queries=X[:3]), OCTET, 400,

@@ -28,6 +28,7 @@ def test_info(make_client: Any) -> None:
         max_dataset_rows=9_000,
         max_inline_pairs=300,
         max_align_pairs=700,
+        max_dimension=4_096,
         job_workers=2,
     )
     r = client.get("/v1/info")
@@ -49,6 +50,7 @@ def test_info(make_client: Any) -> None:
             "max_dataset_rows": 9_000,
             "max_inline_pairs": 300,
             "max_align_pairs": 700,
+            "max_dimension": 4_096,
         },
         "jobs": {
             "enabled": True,

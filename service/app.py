@@ -71,6 +71,10 @@ def _upload_hint(settings: Settings) -> str:
     )
 
 
+#: Seconds a shutdown waits for the stitch being loaded in the background.
+_LOADER_JOIN_S = 30
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service.
 
@@ -107,10 +111,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         logger.info("serving %d configured stitch(es) on %s (%s)", len(refs), device, dtype)
         if not refs:
             logger.warning("no stitches to serve: set LEAD_STITCHES or put stitches in models/")
+        loader: threading.Thread | None = None
         if settings.load_in_background:
-            threading.Thread(
+            loader = threading.Thread(
                 target=load_stitches, args=(registry, refs), name="lead-loader", daemon=True
-            ).start()
+            )
+            loader.start()
         else:
             await run_in_threadpool(load_stitches, registry, refs)
         jobs = JobManager(settings, registry) if settings.enable_jobs else None
@@ -122,6 +128,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             registry.closed.set()
+            if loader is not None:
+                # the stitch being loaded, then it stops: a process that exited under it
+                # aborted in torch ("terminate called without an active exception")
+                await run_in_threadpool(loader.join, _LOADER_JOIN_S)
+                if loader.is_alive():
+                    logger.warning("still loading a stitch after %d s; exiting", _LOADER_JOIN_S)
             app.state.batcher.close()
             if jobs is not None:
                 await run_in_threadpool(jobs.stop)

@@ -8,11 +8,13 @@ dependency in the thread pool, a thread hand-off per dependency per request.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Annotated, NoReturn
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 
 from lead.errors import NotReadyError, UnsupportedMediaTypeError
 from service.arrow_io import ARROW_STREAM
@@ -143,18 +145,46 @@ AlignLimiterDep = Annotated[ConcurrencyLimiter, Depends(get_align_limiter)]
 RegistryDep = Annotated[StitchRegistry, Depends(get_registry)]
 
 
+def _query_names(route: APIRoute) -> frozenset[str]:
+    """The query parameters ``route`` takes: its own and its dependencies' (FastAPI's
+    ``Dependant`` tree), and those its ``openapi_extra`` documents (translate's Arrow
+    options, read by the route itself)."""
+    names: set[str] = set()
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        names.update(field.alias for field in dependant.query_params)
+        pending.extend(dependant.dependencies)
+    for parameter in (route.openapi_extra or {}).get("parameters", []):
+        if parameter.get("in") == "query":
+            names.add(parameter["name"])
+    return frozenset(names)
+
+
+def _query_error(key: str, value: str, message: str) -> RequestValidationError:
+    error = {"type": "value_error", "loc": ("query", key), "msg": message, "input": value}
+    return RequestValidationError([error])
+
+
 async def refuse_repeated_query(request: Request) -> None:
     """Refuse a query parameter given more than once (every route's parameters are single
-    values; FastAPI would keep the last and ignore the others): 422 naming
-    the key. Found by the contract test (``?limit=true&limit=true&limit=1``
+    values; FastAPI would keep the last and ignore the others), or one that a ``/v1/`` route
+    does not take (FastAPI ignores it: ``GET /v1/jobs?stauts=failed`` listed every job):
+    422 naming the key. Found by the contract test (``?limit=true&limit=true&limit=1``
     answered 200). Async: FastAPI runs a plain function dependency in a worker thread, a
     hand-off on every request."""
     if not request.scope.get("query_string"):
         return
+    route = request.scope.get("route")
+    known = _query_names(route) if isinstance(route, APIRoute) else None
     seen: set[str] = set()
     for key, value in request.query_params.multi_items():
         if key in seen:
             message = "Value error, given more than once; give each query parameter once"
-            error = {"type": "value_error", "loc": ("query", key), "msg": message, "input": value}
-            raise RequestValidationError([error])
+            raise _query_error(key, value, message)
+        if known is not None and key not in known and request.url.path.startswith("/v1/"):
+            takes = ", ".join(sorted(known)) if known else "no query parameters"
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
+            raise _query_error(key, value, f"not a query parameter of this route ({takes}){guess}")
         seen.add(key)

@@ -428,3 +428,33 @@ def test_a_full_disk_is_a_507(
     assert envelope["type"] == "server_error"
     monkeypatch.undo()
     _good(client, queries)
+
+
+@pytest.mark.parametrize(
+    ("path", "param", "says"),
+    [
+        ("/v1/jobs?stauts=failed", "stauts", "(after, limit, status); did you mean 'status'?"),
+        ("/v1/datasets?limt=5", "limt", "did you mean 'limit'?"),
+        ("/v1/stitches?verbose=1", "verbose", "(no query parameters)"),
+    ],
+)
+def test_a_query_parameter_the_route_does_not_take_is_a_422_naming_it(
+    client: Any, path: str, param: str, says: str
+) -> None:
+    """FastAPI ignores unknown query parameters: a misspelt filter listed every job."""
+    r = client.get(path)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+    assert client.get(path.split("?")[0]).status_code == 200
+    assert client.get("/healthz?probe=1").status_code == 200  # outside /v1/: monitors add some
+
+
+def test_arrow_options_misspelt_in_the_query_are_named(client: Any) -> None:
+    r = client.post(
+        "/v1/translate?stitch=s&normalise=true",
+        content=b"not arrow",
+        headers={"content-type": "application/vnd.apache.arrow.stream"},
+    )
+    assert r.status_code == 422, r.text
+    assert "did you mean 'normalize'?" in r.json()["error"]["message"]

@@ -149,6 +149,30 @@ def test_readyz_503_while_loading_then_200(
         assert client.post("/v1/translate", json=body).status_code == 200
 
 
+def test_shutdown_waits_for_the_stitch_being_loaded(
+    fitted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that exited while the background loader was inside torch aborted
+    ("terminate called without an active exception", 1 run in 3): the shutdown lets the
+    stitch being loaded finish and loads no other."""
+    started, loaded = threading.Event(), []
+    real_load = loader_module.load_stitch
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        time.sleep(0.5)
+        loaded.append(args[0])
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "load_stitch", slow_load)
+    folders = [str(fitted.folder("minilm-to-mpnet")), str(fitted.folder("minilm-to-pml3"))]
+    settings = Settings(stitches=folders, device="cpu", load_in_background=True)
+    with TestClient(create_app(settings)):
+        assert started.wait(10)
+    assert not [t for t in threading.enumerate() if t.name == "lead-loader"]
+    assert len(loaded) == 1
+
+
 def test_register_at_run_time(make_client: Any, fitted: Any, queries: Any) -> None:
     from lead.artifacts import load_stitch
 

@@ -388,7 +388,10 @@ def test_json_bodies_refuse_options_in_the_query(client: TestClient, queries: An
     r = client.post("/v1/translate", params={"normalize": "true"}, json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["param"] == "normalize"
-    assert client.post("/v1/translate", params={"unrelated": "1"}, json=body).status_code == 200
+    r = client.post("/v1/translate", params={"unrelated": "1"}, json=body)
+    assert r.status_code == 422, r.text  # a parameter no route takes: named too
+    assert r.json()["error"]["param"] == "unrelated"
+    assert client.post("/v1/translate", json=body).status_code == 200
 
 
 def test_arrow_is_accepted_on_translate_only(client: TestClient, queries: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import sqlite3
 from typing import Any, NamedTuple
 
@@ -259,7 +260,12 @@ _HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "P
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # pydantic names the member of a union it tried ("list[list[float]]"): not a field
+    parts = [
+        str(p)
+        for p in loc
+        if p not in ("body", "query", "path", "header") and not re.search(r"[\[(]", str(p))
+    ]
     if not parts:
         return None
     text = parts[0]

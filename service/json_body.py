@@ -88,6 +88,23 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
             ],
             body=error.doc,
         ) from error
+    except (ValueError, RecursionError) as error:  # digits beyond the interpreter's limit, depth
+        reason = (
+            "arrays or objects nested too deeply"
+            if isinstance(error, RecursionError)
+            else str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
+        )
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body",),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": reason},
+                }
+            ]
+        ) from None
     try:
         return model.model_validate(data)
     except ValidationError as error:

@@ -80,8 +80,10 @@ def test_json_that_only_the_stdlib_reads_is_parsed_whole() -> None:
         (b'{"source": [[1.0, 2.0]', "json_invalid"),
         (orjson.dumps({"source": _rows(600, 384)})[:-2], "json_invalid"),
         (b'{"folds": "x"}', "int_type"),
+        (b'{"seed": ' + b"9" * 5000 + b"}", "json_invalid"),  # was a 500 (ValueError)
+        (b'{"source": [[' + b"1" * 5000 + b"]]" + b" " * 300_000 + b"}", "json_invalid"),
     ],
-    ids=["empty", "truncated", "truncated-large", "wrong-type"],
+    ids=["empty", "truncated", "truncated-large", "wrong-type", "5000 digits", "large-5000"],
 )
 def test_errors_are_fastapis(body: bytes, kind: str) -> None:
     with pytest.raises(RequestValidationError) as error:

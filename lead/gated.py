@@ -36,6 +36,7 @@ from lead.local import (
     check_sample_weight,
     fit_local,
 )
+from lead.splits import early_stopping_split
 from lead.stitches import GatedStitch
 from lead.training import MLPConfig, train_mlp
 
@@ -202,6 +203,14 @@ def fit_gated(
         gate_quantile=gate_quantile,
         gate_width=gate_width,
     )
+    config = MLPConfig(
+        hidden_dim=hidden_dim, depth=depth, max_epochs=max_epochs, patience=patience, seed=seed
+    )
+    # its share is fixed here: too few pairs are refused (before any fit) without advising
+    # an option
+    early_stopping_split(
+        len(X), config.holdout_fraction, seed, method="gated stitch's MLP", option=None
+    )
     domain_rows = int((w >= DOMAIN_SHARE * w.max()).sum())
     memory = domain_rows if max_memory is None else min(domain_rows, max_memory)
     check_local_memory(max(k, 2), memory)
@@ -218,9 +227,6 @@ def fit_gated(
         sink=sink,
         max_memory=memory,
         seed=seed,
-    )
-    config = MLPConfig(
-        hidden_dim=hidden_dim, depth=depth, max_epochs=max_epochs, patience=patience, seed=seed
     )
     mlp = train_mlp(X, Y, config, progress, normalize_output=False)
     if calibrate_variance:

@@ -18,8 +18,9 @@ from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
 from lead.batch_invariance import forward_batch_invariant
 from lead.confidence import fit_confidence, translate_with_confidence
-from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError
+from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError, TooFewPairsError
 from lead.fitting import fit_stitch
+from lead.gated import fit_gated
 from lead.stitches import GatedStitch, Stitch, StitchInfo, unit_rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -335,3 +336,16 @@ def test_forward_scored_searches_the_memory_once(
     for i, (y_i, c_i, o_i) in enumerate(alone):  # batch-invariant, bit for bit
         assert torch.equal(y_i, y[i : i + 1]) and torch.equal(c_i, confidence[i : i + 1])
         assert torch.equal(o_i, ood[i : i + 1])
+
+
+def test_too_few_pairs_for_the_mlp_are_refused_before_any_fit_without_an_option() -> None:
+    """The gated method's MLP holds out a fixed share for early stopping: the message must
+    not advise an option that fit_gated does not take."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 16)).astype(np.float32)
+    Y = X @ rng.standard_normal((16, 8)).astype(np.float32)
+    with pytest.raises(TooFewPairsError) as caught:
+        fit_gated(X, Y)
+    message = str(caught.value)
+    assert "gated stitch's MLP" in message and "at least 35" in message
+    assert "(add pairs)" in message and "option" not in message

@@ -20,6 +20,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from prometheus_client import (
     multiprocess,
     values,
 )
+from prometheus_client.metrics_core import Metric
 from starlette.datastructures import MutableHeaders
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -105,6 +107,35 @@ def _forget_dead_processes(folder: Path) -> None:
         pid = path.stem.rsplit("_", 1)[1]
         if pid.isdigit() and not _pid_alive(int(pid)):
             multiprocess.mark_process_dead(int(pid), str(folder))  # type: ignore[no-untyped-call]
+
+
+class _WorkerFiles:
+    """prometheus_client's multiprocess merge of the worker files in ``folder``, less a
+    file that a worker has created but not yet sized (0 bytes for a moment, for good if the
+    worker died then) or that is gone: either made the merge raise, a 500 on ``/metrics``
+    (prometheus/client_python#1199, open; seen once in CI as ``struct.error``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        merge = multiprocess.MultiProcessCollector.merge
+        for attempt in range(3):
+            files = [str(path) for path in sorted(self.folder.glob("*.db")) if _has_data(path)]
+            try:
+                merged: Iterable[Metric] = merge(files)  # type: ignore[no-untyped-call]
+                return merged
+            except FileNotFoundError:  # a dead worker's gauges, removed by another worker
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _has_data(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 @dataclass
@@ -184,8 +215,7 @@ class Metrics:
             return generate_latest(self.registry)
         _forget_dead_processes(self.multiprocess_dir)
         registry = CollectorRegistry()
-        collector = multiprocess.MultiProcessCollector
-        collector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        registry.register(_WorkerFiles(self.multiprocess_dir))
         return generate_latest(registry)
 
 

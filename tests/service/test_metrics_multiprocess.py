@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from scripts._harness import alive, free_port
@@ -88,6 +89,8 @@ def _counted_by_pid(folder: Path, route: str, method: str = "POST") -> dict[int,
     """Requests answered 200 on ``route`` per worker process, from its own counter file."""
     counts: dict[int, float] = {}
     for path in folder.glob("counter_*.db"):
+        if path.stat().st_size == 0:  # created, not yet sized (as the service skips it)
+            continue
         for metric in MultiProcessCollector.merge([str(path)]):  # type: ignore[no-untyped-call]
             for sample in metric.samples:
                 wanted = {"route": route, "method": method, "status": "200"}
@@ -207,6 +210,18 @@ def test_without_the_variable_each_app_keeps_its_own_metrics() -> None:
     one.requests.labels("/healthz", "GET", "200").inc(3)
     assert b'route="/healthz"' in one.exposition()
     assert b'route="/healthz"' not in other.exposition()
+
+
+def test_a_worker_file_not_yet_sized_is_skipped(tmp_path: Path) -> None:
+    """A worker creates its file at 0 bytes and sizes it a moment later; a scrape in between
+    raised struct.error (a 500 on /metrics, seen in CI; prometheus/client_python#1199)."""
+    written = MmapedDict(str(tmp_path / "counter_4242.db"))
+    key = mmap_key("lead_jobs", "lead_jobs_total", ["status"], ["ok"], "Jobs.")
+    written.write_value(key, 3.0, 0.0)
+    written.close()
+    (tmp_path / "counter_4243.db").touch()  # created, not yet sized
+    text = Metrics(multiprocess_dir=tmp_path).exposition()
+    assert b'lead_jobs_total{status="ok"} 3.0' in text
 
 
 def test_a_variable_set_too_late_or_naming_no_folder_is_refused(

@@ -68,6 +68,13 @@ def _loads(body: bytes) -> Any:
     return json.loads(body)  # as Starlette's Request.json, which FastAPI calls
 
 
+def _invalid_json(reason: str, loc: tuple[Any, ...], doc: Any = None) -> RequestValidationError:
+    """FastAPI's error for a body that is not JSON (``service.errors``: a 400 ``invalid_json``
+    quoting ``reason``)."""
+    error = {"type": "json_invalid", "loc": loc, "msg": "JSON decode error", "input": {}}
+    return RequestValidationError([{**error, "ctx": {"error": reason}}], body=doc)
+
+
 def _validate(model: type[ModelT], body: bytes) -> ModelT:
     if not body:
         raise RequestValidationError(
@@ -76,35 +83,12 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
     try:
         data = _loads(body)
     except json.JSONDecodeError as error:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "json_invalid",
-                    "loc": ("body", error.pos),
-                    "msg": "JSON decode error",
-                    "input": {},
-                    "ctx": {"error": error.msg},
-                }
-            ],
-            body=error.doc,
-        ) from error
-    except (ValueError, RecursionError) as error:  # digits beyond the interpreter's limit, depth
-        reason = (
-            "arrays or objects nested too deeply"
-            if isinstance(error, RecursionError)
-            else str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
-        )
-        raise RequestValidationError(
-            [
-                {
-                    "type": "json_invalid",
-                    "loc": ("body",),
-                    "msg": "JSON decode error",
-                    "input": {},
-                    "ctx": {"error": reason},
-                }
-            ]
-        ) from None
+        raise _invalid_json(error.msg, ("body", error.pos), error.doc) from error
+    except RecursionError:
+        raise _invalid_json("arrays or objects nested too deeply", ("body",)) from None
+    except ValueError as error:  # an integer of more digits than the interpreter converts
+        reason = str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
+        raise _invalid_json(reason, ("body",)) from None
     try:
         return model.model_validate(data)
     except ValidationError as error:

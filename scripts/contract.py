@@ -68,14 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     try:
         for keys in (False, True):
-            env = {
-                "LEAD_STITCHES": json.dumps(bundled_stitches()),
-                "LEAD_JOB_WORKERS": "1",
-                "LEAD_API_KEYS": json.dumps(
-                    [f"{ADMIN_KEY}:admin", f"{TRANSLATE_KEY}:translate"] if keys else []
-                ),
-            }
+            env = {"LEAD_STITCHES": json.dumps(bundled_stitches()), "LEAD_JOB_WORKERS": "1"}
+            if keys:
+                env["LEAD_API_KEYS"] = f"{ADMIN_KEY}:admin,{TRANSLATE_KEY}:translate"
             server = Server(work / ("keys" if keys else "open") / "data", **env)
+            if not keys:  # no keys: the variable unset ("[]" is refused, as a template's slip)
+                server.env.pop("LEAD_API_KEYS", None)
             server.data_dir.mkdir(parents=True)
             server.start()
             try:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from lead.migrate.stores import (
     Progress,
     Source,
     Target,
-    unsplit,
+    source_identity,
 )
 from lead.migrate.translator import Translator
 
@@ -71,16 +70,6 @@ class ApplyResult:
             "seconds": round(self.seconds, 3),
             "already_done": self.already_done,
         }
-
-
-def source_identity(uri: str) -> str:
-    """The source as a migration records it: its URI without the user name and password,
-    so that the same table reached as another user, or with the password now in the URI,
-    resumes the same migration."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return unsplit(parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query)
 
 
 def check_go(translator: Translator, *, allow_no_go: bool) -> None:

@@ -148,11 +148,13 @@ class ArraySource(Closing):
 def files_fingerprint(files: list[Path]) -> str:
     """SHA-256 over each file's name, size and modification time (ns): what a migration
     that reads ``files`` by row position records, so that a resume refuses a source that
-    was rewritten, reordered, extended or shrunk since (without reading it again)."""
+    was rewritten, reordered, extended or shrunk since (without reading it again). A link
+    counts as the file it leads to."""
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()
-        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        name = file.resolve().name
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from lead.data import parse_spec
 from lead.errors import ConflictError, InvalidInputError
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "check_same_migration",
     "ordered_texts",
     "parse_store_uri",
+    "source_identity",
     "unsplit",
     "with_params",
 ]
@@ -108,6 +110,8 @@ def parse_store_uri(uri: str) -> StoreURI:
     except ValueError as error:
         raise InvalidInputError(f"not a valid store URI: {error}", param="uri") from None
     scheme = parts.scheme.lower()
+    if parse_spec(text.partition("?")[0])[1] is not None:  # file.safetensors:tensor
+        scheme = ""  # (its file name read as a URI scheme)
     if scheme in ("", "file") or len(scheme) == 1:  # a bare path (or a Windows drive)
         path, _, query = (parts.path if scheme == "file" else text).partition("?")
         if scheme == "file" and parts.query:
@@ -156,6 +160,27 @@ def unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
     if not netloc and path.startswith("/"):
         text = f"{scheme}://{text[len(scheme) + 1 :]}"
     return text
+
+
+def source_identity(uri: str) -> str:
+    """The source as a migration records it, so that one source named two ways resumes one
+    migration: a file's absolute path, its links resolved (``src.parquet``,
+    ``./src.parquet`` and ``$PWD/src.parquet`` are one source; the LEAD parameters kept as
+    written); a store's URI without the user name and password (the same table reached as
+    another user, or with the password now in the URI). A URI that does not parse is kept
+    as it is."""
+    try:
+        parsed = parse_store_uri(uri)
+    except InvalidInputError:
+        return uri
+    if parsed.scheme == "file":
+        path, tensor = parse_spec(parsed.path)
+        query = uri.partition("?")[2]
+        return f"{path.resolve()}{f':{tensor}' if tensor else ''}{f'?{query}' if query else ''}"
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return unsplit(parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query)
 
 
 def with_params(uri: str, **params: str | None) -> str:
@@ -295,6 +320,9 @@ def check_same_migration(
     """
     # the stitch as named ("minilm-to-mpnet", a folder, a server's id) may differ between
     # runs: its stitch_sha256 (config and weights) says whether it is the same stitch
+    recorded = have.get("source")
+    if isinstance(recorded, str):  # recorded as typed before (a relative path: from here)
+        have = {**have, "source": source_identity(recorded)}
     keys = (set(want) | set(have)) - {"stitch", *ignore}
     if SOURCE_FILES not in have:  # a target of an earlier version: resumes as it did
         keys.discard(SOURCE_FILES)

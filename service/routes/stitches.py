@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any, BinaryIO, Literal
 
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from lead.errors import StitchNotFoundError
 from lead.scorecard import CORE_METRICS
@@ -28,7 +28,7 @@ from lead.stitches import InvertibleStitch, Stitch
 from service.deps import RegistryDep
 from service.errors import echo
 from service.jobs.deps import JobsDep
-from service.registry import StitchEntry
+from service.registry import StitchEntry, StitchRegistry
 from service.schemas import (
     ErrorEnvelope,
     ModelSide,
@@ -148,30 +148,24 @@ def _chunks(handle: BinaryIO) -> Iterator[bytes]:
             yield chunk
 
 
-@router.get(
-    "/v1/stitch-files/{name}",
-    response_class=StreamingResponse,
-    responses=_FILE_RESPONSES,
-    summary="Download a file of a stitch",
-)
-def get_stitch_file(
-    name: Annotated[ArtifactFile, Path(description="One of the three files of a stitch.")],
-    stitch: Annotated[
-        str,
-        Query(
-            min_length=1,
-            description="The stitch id (`minilm-to-mpnet`, `org/name@revision`).",
-        ),
-    ],
-    registry: RegistryDep,
-) -> StreamingResponse:
-    """A file of a served stitch, from the folder it was loaded from (for a Hub stitch, the
-    Hugging Face cache): ``model.safetensors``, ``config.json`` or ``README.md`` (the model
-    card). The three in one folder load with ``lead.load_stitch(folder)``;
-    ``lead stitches download`` fetches them.
+FileName = Annotated[ArtifactFile, Path(description="One of the three files of a stitch.")]
+StitchQuery = Annotated[
+    str,
+    Query(min_length=1, description="The stitch id (`minilm-to-mpnet`, `org/name@revision`)."),
+]
 
-    The file is opened before the answer starts, so deleting the stitch meanwhile does
-    not cut a download short.
+
+def _file_headers(name: str, size: int) -> dict[str, str]:
+    return {"Content-Length": str(size), "Content-Disposition": f'attachment; filename="{name}"'}
+
+
+def _opened(registry: StitchRegistry, stitch: str, name: str) -> tuple[BinaryIO, int]:
+    """The stitch's file ``name``, open at its start, and its size in bytes.
+
+    Raises
+    ------
+    StitchNotFoundError
+        No such stitch, or it has no such file on this server.
     """
     entry = registry.get(stitch)
     if entry.folder is None:
@@ -185,14 +179,51 @@ def get_stitch_file(
         )
     size = handle.seek(0, 2)
     handle.seek(0)
+    return handle, size
+
+
+@router.get(
+    "/v1/stitch-files/{name}",
+    response_class=StreamingResponse,
+    responses=_FILE_RESPONSES,
+    summary="Download a file of a stitch",
+)
+def get_stitch_file(
+    name: FileName, stitch: StitchQuery, registry: RegistryDep
+) -> StreamingResponse:
+    """A file of a served stitch, from the folder it was loaded from (for a Hub stitch, the
+    Hugging Face cache): ``model.safetensors``, ``config.json`` or ``README.md`` (the model
+    card). The three in one folder load with ``lead.load_stitch(folder)``;
+    ``lead stitches download`` fetches them.
+
+    The file is opened before the answer starts, so deleting the stitch meanwhile does
+    not cut a download short.
+    """
+    handle, size = _opened(registry, stitch, name)
     return StreamingResponse(
-        _chunks(handle),
-        media_type=FILE_MEDIA_TYPES[name],
-        headers={
-            "Content-Length": str(size),
-            "Content-Disposition": f'attachment; filename="{name}"',
-        },
+        _chunks(handle), media_type=FILE_MEDIA_TYPES[name], headers=_file_headers(name, size)
     )
+
+
+@router.head(
+    "/v1/stitch-files/{name}",
+    response_class=Response,
+    responses={
+        200: {"description": "The file's headers (its size in Content-Length), no body."},
+        # the same statuses as GET; a HEAD answer has no body, so no error envelope either
+        **{
+            code: {"description": answer["description"]}
+            for code, answer in error_responses(404, 422, 503).items()
+        },
+    },
+    summary="A file of a stitch: its headers, no body",
+)
+def head_stitch_file(name: FileName, stitch: StitchQuery, registry: RegistryDep) -> Response:
+    """What ``GET`` answers, without the body: the size (``Content-Length``), the type
+    and the file name, e.g. to check a download before starting it."""
+    handle, size = _opened(registry, stitch, name)
+    handle.close()
+    return Response(media_type=FILE_MEDIA_TYPES[name], headers=_file_headers(name, size))
 
 
 def _open_file(folder: pathlib.Path, name: str) -> BinaryIO | None:

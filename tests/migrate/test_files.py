@@ -118,6 +118,52 @@ def test_a_source_rewritten_between_runs_is_refused_not_mixed_in(
         _apply(source, other, minilm_to_mpnet)
 
 
+def test_one_source_named_another_way_resumes_its_migration(
+    tmp_path, monkeypatch, scifact_small, minilm_to_mpnet
+):
+    """The source was recorded as typed: a run begun on ``src.parquet`` and resumed on
+    ``$PWD/src.parquet`` (or ``./src.parquet``, or through a link) was "another
+    migration". A relative ``file.safetensors:tensor`` was an unknown URI scheme."""
+    X = scifact_small.corpus["minilm"][:200]
+    write_parquet(tmp_path / "src.parquet", np.arange(200), X)
+    (tmp_path / "link.parquet").symlink_to(tmp_path / "src.parquet")
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(
+            "src.parquet?column=emb&id=id",
+            str(target),
+            minilm_to_mpnet,
+            batch_size=50,
+            progress=stop_after(1),
+        )
+    for spelling in ("./src.parquet", str(tmp_path / "link.parquet")):
+        with pytest.raises(KeyboardInterrupt):  # resumed: one more batch written
+            migrate.apply(
+                f"{spelling}?column=emb&id=id",
+                str(target),
+                minilm_to_mpnet,
+                batch_size=50,
+                progress=stop_after(1),
+            )
+    done = _apply(f"{tmp_path / 'src.parquet'}?column=emb&id=id", target, minilm_to_mpnet)
+    assert (done.rows_written, done.rows_total) == (50, 200)
+    ids, vectors = _read(target)
+    np.testing.assert_array_equal(np.sort(ids), np.arange(200))
+    np.testing.assert_array_equal(vectors[np.argsort(ids)], minilm_to_mpnet(X))
+
+    from safetensors.numpy import save_file
+
+    save_file({"corpus": X[:20]}, str(tmp_path / "emb.safetensors"))
+    done = _apply("emb.safetensors:corpus", tmp_path / "out2", minilm_to_mpnet)
+    assert (done.rows_written, done.rows_total) == (20, 20)
+    # another tensor of the same file is another source
+    save_file({"corpus": X[:20], "other": X[20:40]}, str(tmp_path / "emb2.safetensors"))
+    _apply("emb2.safetensors:corpus", tmp_path / "out3", minilm_to_mpnet)
+    with pytest.raises(ConflictError, match="another migration"):
+        _apply(str(tmp_path / "emb2.safetensors:other"), tmp_path / "out3", minilm_to_mpnet)
+
+
 def test_the_lock_of_a_killed_run_is_gone(tmp_path, scifact_small, minilm_to_mpnet):
     X = scifact_small.corpus["minilm"][:50]
     source = write_parquet(tmp_path / "src.parquet", np.arange(50), X)

@@ -46,6 +46,11 @@ def _download(client: TestClient, stitch_id: str, folder: Path) -> Path:
         assert r.status_code == 200, r.text
         assert r.headers["content-type"] == MEDIA_TYPES[name]
         assert r.headers["content-length"] == str(len(r.content))
+        head = client.head(f"/v1/stitch-files/{name}", params={"stitch": stitch_id})
+        assert head.status_code == 200, head.text
+        assert head.content == b""
+        for header in ("content-type", "content-length", "content-disposition"):
+            assert head.headers[header] == r.headers[header], header
         (folder / name).write_bytes(r.content)
     return folder
 
@@ -84,6 +89,10 @@ def test_files_of_job_and_configured_stitches_download_and_load(
         r = client.get("/v1/stitch-files/config.json", params={"stitch": "no-such-stitch"})
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "stitch_not_found"
+        r = client.head("/v1/stitch-files/config.json", params={"stitch": "no-such-stitch"})
+        assert r.status_code == 404
+        r = client.head("/v1/stitch-files/weights.pt", params={"stitch": "trained-here"})
+        assert r.status_code == 422
         r = client.get("/v1/stitch-files/weights.pt", params={"stitch": "trained-here"})
         assert r.status_code == 422, r.text
         assert r.json()["error"]["param"] == "name"

@@ -261,6 +261,25 @@ def round_trips(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def stsb_gold(report: dict) -> str:
+    """The STS Benchmark test-split table (``bench/results/stsb_gold.json``)."""
+    if not report:
+        return "(run `python -m bench.stsb_gold` on the STS Benchmark test split)"
+    lines = [
+        "| stitch | target native ρ | source native ρ | mixed ρ (of target native) "
+        "| translated ρ (of target native) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['stitch']} | {r['target_native_spearman_similarity']:.3f} "
+            f"| {r['source_native_spearman_similarity']:.3f} "
+            f"| {r['mixed_spearman_similarity']:.3f} ({r['mixed_ratio']:.3f}) "
+            f"| {r['translated_spearman_similarity']:.3f} ({r['translated_ratio']:.3f}) |"
+        )
+    return "\n".join(lines)
+
+
 def _json(name: str) -> dict[str, dict]:
     path = MODELS_DIR / name
     return json.loads(path.read_text()) if path.exists() else {}
@@ -278,6 +297,7 @@ def main() -> None:
         confidence=confidence([*candidates, *_json("extras.json")]),
         extras=extras(_json("extras.json"), candidates),
         round_trips=round_trips(_json("round_trip.json")) or "(run models/round_trip.py)",
+        stsb_gold=stsb_gold(_json("../bench/results/stsb_gold.json")),
         min_gain=MIN_GAIN,
     )
     (MODELS_DIR / "README.md").write_text(text)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +142,48 @@ def test_idle_measures_every_kind_at_every_gap_against_the_bundled_stitch() -> N
         assert kind["gap_0_ms"]["ratio_to_no_gap"] == 1.0
         for gap in kind.values():
             assert gap["p50_us"] > 0 and gap["p99_us"] >= gap["p50_us"]
+
+
+def test_stsb_gold_scores_every_bundled_stitch_against_the_gold_column(tmp_path: Path) -> None:
+    """bench.stsb_gold on the shipped everyday sentences (real vectors of the four models),
+    with a gold column equal to mpnet's own cosines: mpnet's native Spearman is then 1, and
+    every figure is the one its definition gives."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from bench.stsb_gold import STITCHES, _cosines, read_pairs, score
+    from lead.metrics import spearman_score
+
+    fixtures = REPO / "tests" / "fixtures"
+    sentences = json.loads((fixtures / "everyday_sentences.json").read_text())
+    vectors = load_file(str(fixtures / "everyday_sentences.safetensors"))
+    a, b = list(range(0, 78, 2)), list(range(1, 79, 2))
+    gold = _cosines(vectors["mpnet"][a], vectors["mpnet"][b]) * 5
+    lines = [
+        f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g:.4f}\t{sentences[x]}\t{sentences[y]}"
+        + ("\tsource-a\tsource-b" if i % 3 == 0 else "")  # some lines carry 9 fields
+        for i, (x, y, g) in enumerate(zip(a, b, gold, strict=True))
+    ]
+    (tmp_path / "sts-test.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first, second, parsed = read_pairs(tmp_path / "sts-test.csv")
+    assert (first[1], second[1]) == (sentences[2], sentences[3])
+    np.testing.assert_allclose(parsed, gold, atol=1e-4)
+    (tmp_path / "sentences.json").write_text(json.dumps(sentences[::-1]))  # any order
+    save_file({k: np.ascontiguousarray(v[::-1]) for k, v in vectors.items()},
+              str(tmp_path / "embeddings.safetensors"))  # fmt: skip
+
+    out = score(tmp_path)
+    assert out["native_spearman_similarity"]["mpnet"] == pytest.approx(1.0)
+    rows = {row["stitch"]: row for row in out["rows"]}
+    assert set(rows) == set(STITCHES)
+    row = rows["minilm-to-mpnet"]
+    assert row["target_native_spearman_similarity"] == pytest.approx(1.0)
+    expected = spearman_score(_cosines(vectors["minilm"][a], vectors["minilm"][b]), parsed)
+    assert row["source_native_spearman_similarity"] == pytest.approx(expected)
+    assert 0.3 < row["mixed_spearman_similarity"] < 1.0
+    for row in rows.values():
+        assert row["mixed_ratio"] == pytest.approx(
+            row["mixed_spearman_similarity"] / row["target_native_spearman_similarity"]
+        )
+        assert row["meets_goal"] == (row["mixed_ratio"] >= 0.85)

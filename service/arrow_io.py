@@ -218,7 +218,7 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     ------
     DecodeError
         Not an Arrow IPC stream, a truncated or malformed one, compressed batches, bytes
-        after its end.
+        after its end, a column name that is not UTF-8.
     LimitExceededError
         More than ``max_vectors`` rows.
     InvalidInputError
@@ -238,6 +238,10 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
         raise DecodeError(
             f"the body is not a valid Arrow IPC stream: {exc}"[:500], param="body"
         ) from None
+    try:
+        schema.names  # noqa: B018 (pyarrow decodes them here)
+    except UnicodeDecodeError:
+        raise DecodeError("a column name of the stream is not UTF-8 text", param="body") from None
     column = _vector_column(schema, d_src)
     views, start = [], 0
     for batch in batches:

@@ -19,6 +19,7 @@ the models refuse by name) is parsed whole by ``json.loads``, with its errors.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -36,12 +37,18 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 #: Bytes of array elements that one ``json.loads`` call parses (~4 ms).
 _PIECE_BYTES = 256 * 1024
 
+#: A ``\\uD800``-``\\uDFFF`` escape (group 2: its third hex digit, 8-B for a high one)
+#: after a run of backslashes (group 1; odd: the last one starts the escape).
+_SURROGATE_ESCAPE = re.compile(rb"(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def _loads_array(text: bytes) -> list[Any]:
-    elements = _ELEMENTS.decode(text)
+    try:
+        elements = _ELEMENTS.decode(text)
+    except msgspec.DecodeError:
+        return list(json.loads(text))  # says why (its position is then within the member)
     values: list[Any] = []
     start, size = 0, 0
     for end, element in enumerate(elements, 1):
@@ -52,8 +59,9 @@ def _loads_array(text: bytes) -> list[Any]:
     return values
 
 
-def _loads(body: bytes) -> Any:
-    """``json.loads(body)``, the large arrays of a JSON object parsed in pieces."""
+def _loads(body: bytes, text: str) -> Any:
+    """``json.loads(text)`` (``text``: ``body`` decoded), the large arrays of a JSON object
+    parsed in pieces."""
     if len(body) > _PIECE_BYTES and body.lstrip()[:1] == b"{":
         try:
             members = _MEMBERS.decode(body)
@@ -65,7 +73,7 @@ def _loads(body: bytes) -> Any:
                 key: _loads_array(text) if text[:1] == b"[" else json.loads(text)
                 for key, text in values.items()
             }
-    return json.loads(body)  # as Starlette's Request.json, which FastAPI calls
+    return json.loads(text)  # as Starlette's Request.json, which FastAPI calls
 
 
 def _invalid_json(reason: str, loc: tuple[Any, ...], doc: Any = None) -> RequestValidationError:
@@ -75,13 +83,35 @@ def _invalid_json(reason: str, loc: tuple[Any, ...], doc: Any = None) -> Request
     return RequestValidationError([{**error, "ctx": {"error": reason}}], body=doc)
 
 
+def _lone_surrogate(body: bytes) -> int | None:
+    """The byte offset of the first ``\\uD800``-``\\uDFFF`` escape of a JSON text that is
+    not half of a surrogate pair (``json.loads`` turns it into a string that is not
+    Unicode, which fails later, far from the request: a 500), or None."""
+    escapes = [
+        (match.end() - 6, match.group(2) in b"89abAB")  # (offset, a high surrogate)
+        for match in _SURROGATE_ESCAPE.finditer(body)
+        if len(match.group(1)) % 2  # an odd run of backslashes: the last one escapes
+    ]
+    i = 0
+    while i < len(escapes):
+        at, high = escapes[i]
+        if high and i + 1 < len(escapes) and escapes[i + 1] == (at + 6, False):
+            i += 2  # a pair: one character
+            continue
+        return at
+    return None
+
+
 def _validate(model: type[ModelT], body: bytes) -> ModelT:
     if not body:
-        raise RequestValidationError(
-            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
-        )
+        raise _invalid_json("the body is empty", ("body",))
     try:
-        data = _loads(body)
+        text = body.decode("utf-8")  # JSON exchanged between systems is UTF-8 (RFC 8259)
+    except UnicodeDecodeError as error:
+        reason = f"not UTF-8 text: byte {error.start} ({error.reason})"
+        raise _invalid_json(reason, ("body", error.start)) from None
+    try:
+        data = _loads(body, text)
     except json.JSONDecodeError as error:
         raise _invalid_json(error.msg, ("body", error.pos), error.doc) from error
     except RecursionError:
@@ -89,6 +119,10 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
     except ValueError as error:  # an integer of more digits than the interpreter converts
         reason = str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
         raise _invalid_json(reason, ("body",)) from None
+    at = _lone_surrogate(body) if b"\\u" in body else None
+    if at is not None:
+        reason = f"a \\u escape at byte {at} is half of a UTF-16 surrogate pair: not Unicode text"
+        raise _invalid_json(reason, ("body", at))
     try:
         return model.model_validate(data)
     except ValidationError as error:

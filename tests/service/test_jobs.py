@@ -499,6 +499,15 @@ def test_more_bad_job_requests_then_good_ones(
         (jobs.post("/v1/jobs", json=taken), 409, "conflict"),
         (jobs.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}),
          400, "invalid_json"),
+        # a lone surrogate escape: a 500 where the job was hashed, SQLite, pydantic
+        *[(jobs.post(route, content=body, headers={"content-type": "application/json"}),
+           400, "invalid_json") for route, body in (
+            ("/v1/jobs", b'{"source_model":"a","target_model":"b","dataset":"\\ud800"}'),
+            ("/v1/align", b'{"dataset":"\\ud800"}'),
+            ("/v1/jobs", b'{"source_model":"a","target_model":"b","dataset":"ds_x",'
+                         b'"options":{"\\ud800":1}}'),
+            ("/v1/jobs", b""),
+        )],
         (jobs.get("/v1/jobs/job_missing"), 404, "job_not_found"),
         (jobs.post("/v1/jobs/job_missing/cancel"), 404, "job_not_found"),
         (jobs.post("/v1/jobs", json=tiny_body(scifact_small), headers={"Idempotency-Key": ""}),

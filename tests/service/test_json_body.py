@@ -48,7 +48,7 @@ def _big() -> dict[str, Any]:
 )
 def test_parsed_values_equal_json_loads(body: bytes) -> None:
     assert len(body) < 3 or len(body) > json_body._PIECE_BYTES
-    assert json_body._loads(body) == json.loads(body)
+    assert json_body._loads(body, body.decode()) == json.loads(body)
 
 
 def test_a_large_array_is_parsed_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +61,7 @@ def test_a_large_array_is_parsed_in_pieces(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(json_body.json, "loads", counting)
     body = orjson.dumps({"source": _rows(600, 384), "k": 1})
-    assert json_body._loads(body)["source"] == loads(body)["source"]
+    assert json_body._loads(body, body.decode())["source"] == loads(body)["source"]
     assert len(calls) > 5
     assert max(calls) < 2 * json_body._PIECE_BYTES  # no call parsed the whole array
 
@@ -70,13 +70,13 @@ def test_json_that_only_the_stdlib_reads_is_parsed_whole() -> None:
     # NaN literals are not JSON (msgspec refuses them); json.loads reads them, so that the
     # model can refuse them by name, as before
     body = json.dumps({**_big(), "count": math.nan}).encode()
-    assert math.isnan(json_body._loads(body)["count"])
+    assert math.isnan(json_body._loads(body, body.decode())["count"])
 
 
 @pytest.mark.parametrize(
     ("body", "kind"),
     [
-        (b"", "missing"),
+        (b"", "json_invalid"),  # as on /v1/translate (was 422 "Field required")
         (b'{"source": [[1.0, 2.0]', "json_invalid"),
         (orjson.dumps({"source": _rows(600, 384)})[:-2], "json_invalid"),
         (b'{"folds": "x"}', "int_type"),
@@ -91,6 +91,44 @@ def test_errors_are_fastapis(body: bytes, kind: str) -> None:
     first = error.value.errors()[0]
     assert first["type"] == kind
     assert first["loc"][0] == "body"
+
+
+_PAD = b" " * 300_000  # beyond _PIECE_BYTES: the body is parsed in pieces
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "at"),
+    [
+        (b'{"dataset": "\\ud800"}', "surrogate", b"\\ud800"),
+        (b'{"dataset": "ok", "options": {"\\udfff": 1}}', "surrogate", b"\\udfff"),
+        (b'{"dataset": "\\ud83d x"}', "surrogate", b"\\ud83d"),
+        (b'{"source": [["\\ud800"]]' + _PAD + b"}", "surrogate", b"\\ud800"),
+        (b'{"dataset": "a\xffb"}', "not UTF-8 text", b"\xff"),
+        (b'{"source": [[1.0]], "dataset": "\xff"}' + _PAD, "not UTF-8 text", b"\xff"),
+        (b"\xef\xbb\xbf" + b'{"dataset": "x"}', "BOM", None),
+        ('{"dataset": "x"}'.encode("utf-16"), "not UTF-8", None),
+    ],
+    ids=["value", "key", "high-alone", "large", "utf-8", "utf-8-large", "bom", "utf-16"],
+)
+def test_text_that_is_not_unicode_is_invalid_json(
+    body: bytes, reason: str, at: bytes | None
+) -> None:
+    """A lone surrogate escape got past the parse and failed later (a 500: hashing a job,
+    SQLite, pydantic); bytes were sniffed for UTF-16 and a BOM, which /v1/translate refuses;
+    a large body's bad byte was counted from its piece."""
+    with pytest.raises(RequestValidationError) as error:
+        json_body._validate(AlignRequest, body)
+    first = error.value.errors()[0]
+    assert first["type"] == "json_invalid"
+    assert reason in first["ctx"]["error"], first
+    if at is not None:
+        assert first["loc"] == ("body", body.index(at))
+        assert f"byte {body.index(at)}" in first["ctx"]["error"]
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_text() -> None:
+    body = b'{"dataset": "\\ud83d\\ude00 \\\\ud800 \\u00e9"}'
+    assert json_body._validate(AlignRequest, body).dataset == "\U0001f600 \\ud800 \u00e9"
 
 
 def test_the_event_loop_runs_while_a_large_body_is_parsed() -> None:

@@ -203,6 +203,13 @@ def _with_value(x: np.ndarray, row: int, value: float) -> bytes:
     return body_of(x)
 
 
+def _bad_name(x: np.ndarray, column: str) -> bytes:
+    """A column name whose bytes are not UTF-8 (an adversarial pass: a 500)."""
+    body = body_of(x, idZ=pa.array(range(len(x))))
+    name = column.encode()
+    return body.replace(name, name[:-1] + b"\xff", 1)
+
+
 BAD_STREAMS: dict[str, tuple[Callable[[np.ndarray], bytes], int, str, str | None]] = {
     "not arrow": (lambda x: b"hello, not arrow", 400, "decode_error", "body"),
     "empty body": (lambda x: b"", 400, "decode_error", "body"),
@@ -238,6 +245,8 @@ BAD_STREAMS: dict[str, tuple[Callable[[np.ndarray], bytes], int, str, str | None
         "body",
     ),
     "two list columns": (_two_lists, 400, "invalid_input", "body"),
+    "column name not utf-8": (lambda x: _bad_name(x, "idZ"), 400, "decode_error", "body"),
+    "vector name not utf-8": (lambda x: _bad_name(x, "embedding"), 400, "decode_error", "body"),
     "null vector": (lambda x: _nulls(x, in_values=False), 400, "invalid_input", "input[3]"),
     "null value": (lambda x: _nulls(x, in_values=True), 400, "invalid_input", "input[2]"),
     "nan": (lambda x: _with_value(x, 4, np.nan), 422, "non_finite_input", "input[4]"),

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 import lead
 from service.allocator import tune_malloc
 from service.arrow_io import ARROW_STREAM
+from service.auth import ApiKeyGate
 from service.batcher import MicroBatcher
 from service.deps import refuse_repeated_query
 from service.errors import InternalErrorMiddleware, install_error_handlers
@@ -185,6 +186,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
         },
     )
+    # outside the body limit: a request without a key is refused before its body is read
+    app.add_middleware(ApiKeyGate, keys=settings.api_keys)
     app.add_middleware(InternalErrorMiddleware)  # inside the request id: a 500 carries it
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.add_middleware(StartupErrorMiddleware)  # lifespan only: a failed start in one line

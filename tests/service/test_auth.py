@@ -52,6 +52,42 @@ def test_bad_or_missing_key_is_401(make_client: Any, queries: Any, headers: dict
     assert _translate(client, queries, good).status_code == 200
 
 
+def test_a_request_without_a_key_is_refused_before_its_body_is_read(make_client: Any) -> None:
+    """The body limit ran before the key check: clients without a key got 413, 415 or 422
+    (an adversarial pass), and their gzip bodies were inflated in the slots that keyed
+    clients wait for."""
+    import gzip
+
+    client = make_client(api_keys=KEYS)
+    bomb = gzip.compress(b" " * (80 << 20), 9)  # over the body limit once inflated
+    pairs = b'{"source": [' + b",".join([b"[1]"] * 20_000) + b"]}"
+    cases = [
+        ("POST", "/v1/translate", bomb, {"Content-Encoding": "gzip"}),
+        ("POST", "/v1/translate", b"{}", {"Content-Encoding": "br"}),
+        ("POST", "/v1/jobs", pairs, {}),
+        ("POST", "/v1/align", b"x" * (70 << 20), {}),
+        ("GET", "/v1/jobs?bogus=1", b"", {}),
+        ("GET", "/v1/nowhere", b"", {}),
+    ]
+    for method, path, body, headers in cases:
+        for auth in ({}, {"Authorization": "Bearer wrong-key"}):
+            r = client.request(
+                method,
+                path,
+                content=body or None,
+                headers={"Content-Type": "application/json", **headers, **auth},
+            )
+            assert r.status_code == 401, (path, headers, r.text[:300])
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert (r.headers.get("connection") == "close") == bool(body), path
+    good = {"Authorization": f"Bearer {KEYS[0]}", "Content-Encoding": "gzip"}
+    r = client.post("/v1/translate", content=bomb, headers=good)
+    assert r.status_code == 413, r.text  # with a key: the body limit speaks
+    key = {"Authorization": f"Bearer {KEYS[0]}"}
+    assert client.get("/v1/jobs?bogus=1", headers=key).status_code == 422
+    assert client.get("/healthz").status_code == 200  # open routes stay open
+
+
 def test_every_configured_key_works(make_client: Any, queries: Any) -> None:
     client = make_client(api_keys=",".join(KEYS))  # comma-separated, as from the environment
     for key in KEYS:

@@ -130,6 +130,10 @@ def test_readyz_503_while_loading_then_200(
         assert r.json()["status"] == "loading"
         assert r.json()["pending"] == ["minilm-to-mpnet"]
         assert client.get("/healthz").status_code == 200
+        # HEAD as GET, for load balancers that probe with it (was 405)
+        assert client.head("/healthz").status_code == 200
+        head = client.head("/readyz")
+        assert (head.status_code, head.headers["retry-after"]) == (503, "5")
         body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])}
         r = client.post("/v1/translate", json=body)
         assert r.status_code == 503, r.text
@@ -147,6 +151,7 @@ def test_readyz_503_while_loading_then_200(
             "failed": [],
         }
         assert client.post("/v1/translate", json=body).status_code == 200
+        assert client.head("/readyz").status_code == 200
 
 
 def test_shutdown_waits_for_the_stitch_being_loaded(

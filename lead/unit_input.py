@@ -97,11 +97,13 @@ def count_rescaled(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> int:
 
 
 def zero_vector_error(row: int, param: str = "input") -> ZeroVectorError:
-    """The error for row ``row`` of ``param``, all zeros, met by a unit-input stitch."""
+    """The error for row ``row`` of ``param``, all zeros (or only subnormal values), met by
+    a unit-input stitch."""
     return ZeroVectorError(
-        f"{param}[{row}] is a zero vector: the stitch was fitted on unit-length vectors "
-        "and scales each input to unit length, which a vector without a direction cannot "
-        "have",
+        f"{param}[{row}] is a zero vector (or all its values are below the smallest normal "
+        "number of its dtype, float32: ~1.2e-38, too small to give it a direction): the "
+        "stitch was fitted on unit-length vectors and scales each input to unit length, "
+        "which a vector without a direction cannot have",
         row=row,
         param=f"{param}[{row}]",
     )

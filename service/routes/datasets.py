@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
+from lead._options import name_problem
 from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
 from service.jobs.datasets import METADATA_LIMIT
 from service.jobs.deps import JobsDep
@@ -63,6 +64,20 @@ async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def _check_label(name: str | None) -> None:
+    """Refuse a dataset label holding a control or format character (``a%00b%0a`` was
+    stored and listed as it was; model names already refuse them).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the character.
+    """
+    problem = name_problem(name) if name else None
+    if problem is not None:
+        raise InvalidInputError(f"name {problem}", param="name")
+
+
 @router.post(
     "/v1/datasets",
     status_code=201,
@@ -80,6 +95,7 @@ async def upload_dataset(
     """Store a dataset for jobs and alignment; answers 201 with its id and shapes."""
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
+    _check_label(name)
     if media_type in _RAW_TYPES:
         record = await jobs.upload_dataset(request.stream(), name=name)
     elif media_type == "multipart/form-data":
@@ -98,9 +114,9 @@ async def upload_dataset(
                     got=len(label),
                     param="name",
                 )
-            record = await jobs.upload_dataset(
-                _file_chunks(upload), name=name or (label if isinstance(label, str) else None)
-            )
+            label = name or (label if isinstance(label, str) else None)
+            _check_label(label)
+            record = await jobs.upload_dataset(_file_chunks(upload), name=label)
     else:
         raise UnsupportedMediaTypeError(
             "send the .safetensors file as application/octet-stream or multipart/form-data, "

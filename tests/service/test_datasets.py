@@ -342,6 +342,11 @@ def test_more_bad_requests_then_good_ones(
         (client.get("/v1/datasets", params={"limit": 0}), 422, "validation_error"),
         (client.post("/v1/datasets", content=body, headers=OCTET, params={"name": "x" * 201}), 422,
          "validation_error"),
+        # control characters in a label were stored and listed (an adversarial pass)
+        (client.post("/v1/datasets", content=body, headers=OCTET, params={"name": "a\x00b\n"}),
+         400, "invalid_input"),
+        (client.post("/v1/datasets", files={"file": ("a", body)}, data={"name": "a\u202eb"}),
+         400, "invalid_input"),
     ]  # fmt: skip
     for r, status, code in cases:
         assert r.status_code == status, r.text

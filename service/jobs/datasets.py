@@ -276,6 +276,14 @@ def inspect_dataset(path: Path, *, max_rows: int, max_dim: int) -> dict[str, Any
         m = _check_queries(shapes, d_src, d_tgt)
         if m is not None:
             _check_retrieval_meta(meta, n, m)
+        elif given := [key for key in _RETRIEVAL_META if key in meta]:
+            # ignored, a job would report no retrieval scores without saying why
+            raise InvalidInputError(
+                f"the metadata entries {', '.join(given)} go with query tensors "
+                "('target_queries', and 'source_queries' for the bound), which the file "
+                "lacks: add them, or leave the entries out",
+                param=given[0],
+            )
         for name in sorted(names):  # as fitting will: finite, float32-sized, well-conditioned
             check_embeddings(f.get_tensor(name), name=name)
     info: dict[str, Any] = {

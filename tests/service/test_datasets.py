@@ -242,6 +242,11 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("corpus ids short", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"])), OCTET,
      422, "shape_mismatch"),
     ("qrels not JSON", lambda X, Y: _retrieval(X, Y, qrels="{nope"), OCTET, 400, "decode_error"),
+    # accepted and ignored without a word (an adversarial pass): jobs had no retrieval scores
+    ("qrels without queries", lambda X, Y: dataset_bytes(X, Y, {"qrels": "{nope"}), OCTET, 400,
+     "invalid_input"),
+    ("ids without queries", lambda X, Y: dataset_bytes(X, Y, {"corpus_ids": "[]"}), OCTET, 400,
+     "invalid_input"),
     # every job on it failed later ("corpus_ids holds duplicate ids")
     ("corpus ids repeated", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"] * 50)),
      OCTET, 400, "invalid_input"),

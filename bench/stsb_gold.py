@@ -47,16 +47,10 @@ import numpy as np
 
 from bench.common import log, write_result
 from bench.data import REPO, data_dir
+from bench.fidelity import BUNDLED
 
-#: Bundled stitch id -> (source, target) model keys of ../shared/data.
-STITCHES = {
-    "minilm-to-mpnet": ("minilm", "mpnet"),
-    "minilm-to-e5": ("minilm", "e5"),
-    "minilm-to-pml3": ("minilm", "pml3"),
-    "minilm-to-pml3-invertible": ("minilm", "pml3"),
-    "mpnet-to-minilm": ("mpnet", "minilm"),
-    "e5-to-minilm": ("e5", "minilm"),
-}
+#: Bundled stitch id -> (source, target) model keys of ../shared/data: every bundled one.
+STITCHES = {**BUNDLED, "minilm-to-pml3-invertible": ("minilm", "pml3")}
 MODELS = ("minilm", "mpnet", "e5", "pml3")
 #: Issue 8: mixed-space Spearman at least this share of the target model's own.
 GOAL = 0.85

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,13 @@ def _verify(args: argparse.Namespace) -> int:
     # record fitted ids: for the others nothing is left out of the sample)
     folder = stitch_folder(args.stitch) if args.stitch else None
     excluded = fitted_ids(folder) if folder else None
+    if folder and not excluded:
+        print(
+            f"note: {args.stitch} records no ids of a store it was fitted on (only stitches "
+            "made by `lead migrate calibrate` do), so nothing is left out of the sample: "
+            "native vectors of texts it was fitted on would flatter the figures",
+            file=sys.stderr,
+        )
     # R² against the mean the stitch was fitted towards, as calibrate scored it
     train_mean = _stitch_target_mean(folder) if folder else None
     result = run_verify(

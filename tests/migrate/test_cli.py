@@ -130,12 +130,16 @@ def test_walkthrough_plan_calibrate_apply_verify(demo, pg_uri, tmp_path, capsys)
     assert ET.parse(junit).getroot().find(".//failure") is not None
     # a bundled stitch id, as plan and apply take it (it was "no stitch folder at ..."):
     # it records no store ids, so none are left out of the sample
-    code, bundled = _run(
-        capsys, "migrate", "verify", demo["source"], demo["target"], "--native",
+    code = main([
+        "migrate", "verify", demo["source"], demo["target"], "--native",
         demo["native"], "--stitch", "minilm-to-mpnet", "--min-mean-cosine", "0",
         "--report", str(tmp_path / "bundled-report"),
-    )  # fmt: skip
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    bundled = json.loads(out.strip().splitlines()[-1])
     assert code in (0, 1) and bundled["sample"]["excluded"] == 0, bundled
+    # and says so: a new user read its figures as held-out ones
+    assert "records no ids of a store it was fitted on" in err
     assert checksum(pg_uri, "walk", "embedding") == before
 
 

@@ -336,7 +336,13 @@ class InfoOut(BaseModel):
     dtype: str
     limits: LimitsOut
     jobs: JobsInfoOut
-    encodings: list[str] = Field(description="Accepted input and output encodings.")
+    encodings: list[str] = Field(
+        description="The `encoding_format`s of a JSON translate request (input and answer)."
+    )
+    media_types: list[str] = Field(
+        description="The bodies `POST /v1/translate` takes, each answered in its own kind "
+        "(an Arrow IPC stream with one)."
+    )
     auth: bool = Field(description="Whether API keys are required.")
     stitches: int = Field(description="Stitches served now.")
 

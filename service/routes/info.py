@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 import lead
+from service.arrow_io import ARROW_STREAM
 from service.deps import RegistryDep, SettingsDep
 from service.schemas import InfoOut, JobsInfoOut, LimitsOut, error_responses
 
@@ -41,6 +42,7 @@ async def info(settings: SettingsDep, registry: RegistryDep) -> InfoOut:
             shared_stitch_store=bool(settings.stitch_store),
         ),
         encodings=["float", "base64"],
+        media_types=["application/json", ARROW_STREAM],
         auth=bool(settings.api_keys),
         stitches=len(registry.entries()),
     )

@@ -60,6 +60,7 @@ def test_info(make_client: Any) -> None:
             "shared_stitch_store": False,
         },
         "encodings": ["float", "base64"],
+        "media_types": ["application/json", "application/vnd.apache.arrow.stream"],
         "auth": False,
         "stitches": 1,
     }

@@ -14,10 +14,12 @@ debug level and counted with the status 499 ("client closed request"), never as 
 
 from __future__ import annotations
 
+import difflib
 import errno
 import logging
 import re
 import sqlite3
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
@@ -42,6 +44,7 @@ __all__ = [
     "install_error_handlers",
     "lead_error_response",
     "request_id_of",
+    "suggest_fields",
 ]
 
 logger = logging.getLogger("lead.service")
@@ -168,6 +171,25 @@ def error_response(
     if request_id:
         all_headers["X-Request-ID"] = request_id
     return JSONResponse(body, status_code=status, headers=all_headers)
+
+
+def suggest_fields(errors: Iterable[dict[str, Any]], fields: Iterable[str]) -> list[dict[str, Any]]:
+    """``errors`` (pydantic's), each unknown top-level field's message naming the closest of
+    ``fields`` (``normalise`` was "Extra inputs are not permitted", with no hint, while a
+    mistyped query parameter already named the right one)."""
+    known = sorted(fields)
+    out = []
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        if error.get("type") == "extra_forbidden" and len(loc) == 2:
+            close = difflib.get_close_matches(str(loc[1]), known, n=1)
+            if close:
+                error = {
+                    **error,
+                    "msg": f"Extra inputs are not permitted; did you mean {close[0]!r}?",
+                }
+        out.append(error)
+    return out
 
 
 def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:

@@ -29,6 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from service.errors import suggest_fields
+
 __all__ = ["json_body", "json_request_body"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -129,7 +131,9 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
         errors = [
             {**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)
         ]
-        raise RequestValidationError(errors, body=data) from error
+        raise RequestValidationError(
+            suggest_fields(errors, model.model_fields), body=data
+        ) from error
 
 
 def json_body(model: type[ModelT]) -> Callable[[Request], Awaitable[ModelT]]:

@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from lead.errors import InvalidInputError
 from service.encoding import EncodingFormat, check_vector_count, decode_vectors
+from service.errors import suggest_fields
 from service.limits import VectorLimit, refuse_too_many_numbers, refuse_too_many_vectors
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -231,7 +232,8 @@ def _refuse_bad_fields(body: bytes) -> None:
             continue
         if key not in TranslateOptions.model_fields:
             error = {"type": "extra_forbidden", "loc": ("body", key), "input": None}
-            raise RequestValidationError([{**error, "msg": "Extra inputs are not permitted"}])
+            error = {**error, "msg": "Extra inputs are not permitted"}
+            raise RequestValidationError(suggest_fields([error], TranslateOptions.model_fields))
         if len(raw) > _MAX_OPTION_BYTES:
             message = f"Value error, {len(raw)} bytes of JSON: options are short strings, booleans"
             error = {"type": "value_error", "loc": ("body", key), "input": None}
@@ -304,8 +306,9 @@ def check_options(fields: dict[str, Any], where: str = "body") -> TranslateOptio
         return TranslateOptions.model_validate(fields)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
+        located = [{**error, "loc": (where, *error["loc"])} for error in errors]
         raise RequestValidationError(
-            [{**error, "loc": (where, *error["loc"])} for error in errors]
+            suggest_fields(located, TranslateOptions.model_fields)
         ) from None
 
 

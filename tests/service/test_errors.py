@@ -136,6 +136,14 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
     ("invalid JSON", _json('{"stitch": "x", "input": [[1,2'), 400, "invalid_json", ["JSON"]),
     ("body not an object", _json("[1, 2]"), 400, "invalid_input", ["object"]),
     ("missing input", {"json": {"stitch": STITCH}}, 422, "validation_error", ["input"]),
+    # a mistyped option names the right one, as a mistyped query parameter does
+    (
+        "mistyped option",
+        {"json": {"stitch": STITCH, "normalise": True, "input": _vectors()}},
+        422,
+        "validation_error",
+        ["normalise", "did you mean 'normalize'?"],
+    ),
     (
         "bad encoding_format",
         {"json": {"stitch": STITCH, "input": _vectors(), "encoding_format": "hex"}},

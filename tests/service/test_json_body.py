@@ -162,3 +162,11 @@ def test_the_event_loop_runs_while_a_large_body_is_parsed() -> None:
     assert rows == 3000
     # the loop kept turning during the parse (on the loop, it would turn once)
     assert ticks > 10, (ticks, time.perf_counter() - started)
+
+
+def test_a_mistyped_field_names_the_closest_one() -> None:
+    with pytest.raises(RequestValidationError) as error:
+        json_body._validate(AlignRequest, b'{"datset": "ds_x"}')
+    unknown = [e for e in error.value.errors() if e["type"] == "extra_forbidden"]
+    assert unknown and unknown[0]["loc"] == ("body", "datset")
+    assert unknown[0]["msg"].endswith("did you mean 'dataset'?")

@@ -154,8 +154,10 @@ def serving_decision(scorecard: dict[str, Any], request: dict[str, Any]) -> tupl
         return True, None
     return False, (
         f"held-out r2_score {r2:.3g} is at or below the mean-estimator baseline "
-        f"({BASELINE_R2:g}); submit the job again with allow_below_baseline: true "
-        "(lead jobs submit --allow-below-baseline) to serve it"
+        f"({BASELINE_R2:g}): the stitch predicts the target no better than the training "
+        "mean. Check that row i of source and target embed the same text (same ids, same "
+        "order; rows in two orders score like this); to serve it anyway, submit the job "
+        "again with allow_below_baseline: true (lead jobs submit --allow-below-baseline)"
     )
 
 

@@ -77,6 +77,7 @@ def test_a_job_below_the_baseline_is_kept_but_not_served(
         reason = result["not_served_reason"]
         assert f"r2_score {refused['scorecard']['r2_score']:.3g}" in reason
         assert "mean-estimator baseline" in reason and "allow_below_baseline: true" in reason
+        assert "same ids, same order" in reason  # the usual cause, as lead fit says
         assert result["push"]["status"] == "skipped" and reason in result["push"]["reason"]
         assert (data_dir / "stitches" / "shuffled-kept" / "model.safetensors").is_file()
 

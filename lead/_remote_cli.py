@@ -209,7 +209,7 @@ def _delete_stitch(client: LeadClient, args: argparse.Namespace) -> int:
 
 
 def _download_stitch(client: LeadClient, args: argparse.Namespace) -> int:
-    folder = client.download_stitch(args.id, args.out)
+    folder = client.download_stitch(args.id, args.out, force=args.force)
     _print({"id": args.id, "folder": str(folder)})
     return 0
 
@@ -342,6 +342,7 @@ def add_remote_commands(commands: Any) -> None:
     download.add_argument(
         "--out", required=True, type=text_argument, metavar="DIR", help="new or empty folder"
     )
+    download.add_argument("--force", action="store_true", help="replace a stitch already in --out")
     download.set_defaults(handler=_remote(_download_stitch))
     delete = actions.add_parser("delete", help="delete a stitch trained by a job")
     delete.add_argument("id")

@@ -46,9 +46,12 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "check_storable",
+    "is_occupied",
+    "is_replaceable",
     "load_stitch",
     "push_stitch",
     "read_stitch_config",
+    "replace_folder",
     "save_stitch",
     "stitch_folder",
 ]
@@ -122,7 +125,7 @@ def _storage_dtype(name: str, dtype: str) -> torch.dtype:
     return torch.float32 if name.startswith(CONFIDENCE_PREFIX) else STORAGE_DTYPES[dtype]
 
 
-def _is_occupied(folder: Path) -> bool:
+def is_occupied(folder: Path) -> bool:
     """Whether ``folder`` exists and is anything but an empty folder."""
     if not folder.exists() and not folder.is_symlink():
         return False
@@ -137,7 +140,9 @@ def _exists(folder: Path) -> ConflictError:
     )
 
 
-def _is_replaceable(folder: Path) -> bool:
+def is_replaceable(folder: Path) -> bool:
+    """Whether ``folder`` is a folder that may be replaced by a stitch: empty, or holding
+    only a stitch's files (a user's files beside them are not ours to delete)."""
     if not folder.is_dir() or folder.is_symlink():
         return False
     names = {entry.name for entry in folder.iterdir()}
@@ -197,9 +202,9 @@ def save_stitch(
     reader never sees a half-written stitch.
     """
     folder = Path(folder)
-    if not overwrite and _is_occupied(folder):
+    if not overwrite and is_occupied(folder):
         raise _exists(folder)
-    if folder.exists() and not _is_replaceable(folder):
+    if folder.exists() and not is_replaceable(folder):
         raise InvalidInputError(
             f"refusing to replace {folder}: it is not a stitch folder holding only "
             f"{', '.join(ARTIFACT_FILES)} (replacing it deletes everything in it)",
@@ -237,25 +242,40 @@ def save_stitch(
             (tmp / name).chmod(0o644)
             fsync_path(tmp / name)
         tmp.chmod(0o755)
-        old = None
-        if overwrite and folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-            os.replace(folder, old / folder.name)
-        try:
-            os.replace(tmp, folder)  # onto an empty folder at most: never a full one
-        except OSError:
-            if old is not None:
-                os.replace(old / folder.name, folder)
-            if not overwrite and _is_occupied(folder):  # written there meanwhile
-                raise _exists(folder) from None
-            raise
-        fsync_path(folder.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, folder, overwrite=overwrite)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def replace_folder(tmp: Path, folder: Path, *, overwrite: bool) -> None:
+    """Rename the complete folder ``tmp`` (a sibling of ``folder``) to ``folder``: an old
+    ``folder`` is moved aside first (when ``overwrite``) and deleted last, so that a reader
+    sees the old files or the new ones, never a mix.
+
+    Raises
+    ------
+    ConflictError
+        If ``overwrite`` is false and ``folder`` was filled meanwhile.
+    OSError
+        If the rename fails (the old folder is put back).
+    """
+    old = None
+    if overwrite and folder.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+        os.replace(folder, old / folder.name)
+    try:
+        os.replace(tmp, folder)  # onto an empty folder at most: never a full one
+    except OSError:
+        if old is not None:
+            os.replace(old / folder.name, folder)
+        if not overwrite and is_occupied(folder):  # written there meanwhile
+            raise _exists(folder) from None
+        raise
+    fsync_path(folder.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _not_json(token: str) -> Any:

@@ -43,7 +43,7 @@ import numpy as np
 from lead import _arrow
 from lead import errors as le
 from lead._options import API_KEY, check_float_option, check_int_option
-from lead.artifacts import ARTIFACT_FILES
+from lead.artifacts import ARTIFACT_FILES, is_occupied, is_replaceable, replace_folder
 
 __all__ = ["DEFAULT_SERVER_URL", "TERMINAL_STATUSES", "LeadClient", "encode_base64"]
 
@@ -501,7 +501,7 @@ class LeadClient:
         """
         return dict(self._request("DELETE", f"/v1/stitches/{_path_part(stitch_id, safe='/@')}"))
 
-    def download_stitch(self, stitch_id: str, folder: str | Path) -> Path:
+    def download_stitch(self, stitch_id: str, folder: str | Path, *, force: bool = False) -> Path:
         """Download a served stitch's ``config.json``, ``model.safetensors`` and ``README.md``
         into ``folder``, which :func:`lead.load_stitch` then loads.
 
@@ -510,8 +510,12 @@ class LeadClient:
         stitch_id : str
             Any served stitch (``minilm-to-mpnet``, ``org/name@revision``).
         folder : str or Path
-            Created; if it exists it must be empty. The files appear together (they are
-            downloaded into a temporary folder beside it, which is then renamed).
+            Created; if it exists it must be empty, or (with ``force``) hold a stitch. The
+            files appear together (they are downloaded into a temporary folder beside it,
+            which then replaces it).
+        force : bool, default False
+            Replace a stitch already in ``folder`` (a folder holding anything else is never
+            replaced).
 
         Returns
         -------
@@ -521,14 +525,18 @@ class LeadClient:
         Raises
         ------
         InvalidInputError
-            If ``folder`` exists and is not an empty folder.
+            If ``folder`` exists and is not an empty folder (with ``force``: nor a stitch
+            folder).
         StitchNotFoundError
             If the server has no such stitch, or no files for it.
         """
         folder = Path(folder)
-        if folder.exists() and not (folder.is_dir() and not any(folder.iterdir())):
+        if is_occupied(folder) and not (force and is_replaceable(folder)):
+            hint = "; pass force=True (--force) to replace the stitch in it" if not force else ""
             raise le.InvalidInputError(
-                f"refusing to download into {folder}: it exists and is not an empty folder",
+                f"refusing to download into {folder}: it exists and is not an empty folder"
+                + (" or a stitch folder" if force else "")
+                + hint,
                 param="folder",
             )
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -536,9 +544,7 @@ class LeadClient:
         try:
             for name in ARTIFACT_FILES:  # GET /v1/stitch-files/{name}
                 self._download(f"/v1/stitch-files/{name}", {"stitch": stitch_id}, tmp / name)
-            if folder.exists():
-                folder.rmdir()
-            os.replace(tmp, folder)
+            replace_folder(tmp, folder, overwrite=True)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

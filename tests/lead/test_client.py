@@ -242,8 +242,17 @@ def test_download_and_delete_a_stitch(
     with torch.inference_mode():
         expected = lead.translate(x.numpy(), stitch="to-drop")
         np.testing.assert_allclose(load_stitch(folder)(x).numpy(), expected, rtol=1e-5, atol=1e-6)
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(InvalidInputError, match="force"):
         lead.download_stitch("to-drop", folder)  # not an empty folder
+    (folder / "config.json").write_text('{"format": "lead-stitch"}')  # an old copy
+    assert lead.download_stitch("to-drop", folder, force=True) == folder
+    assert load_stitch(folder).info.target_model == MPNET
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+    (folder.parent / "mine").mkdir()
+    (folder.parent / "mine" / "notes.txt").write_text("a user's file")
+    with pytest.raises(InvalidInputError, match="not an empty folder or a stitch folder"):
+        lead.download_stitch("to-drop", folder.parent / "mine", force=True)
+    assert (folder.parent / "mine" / "notes.txt").read_text() == "a user's file"
     with pytest.raises(StitchNotFoundError):
         lead.download_stitch("no-such-stitch", tmp_path / "missing")
     assert not (tmp_path / "missing").exists()
@@ -317,7 +326,9 @@ def test_cli_stitches_download_and_delete(
     assert result == {"id": "cli-drop", "folder": str(out)}
     assert load_stitch(out).info.target_model == MPNET
     status, _, err = cli("stitches", "download", "cli-drop", "--out", str(out))
-    assert status == 2 and "not an empty folder" in err
+    assert status == 2 and "not an empty folder" in err and "--force" in err
+    status, _, err = cli("stitches", "download", "cli-drop", "--out", str(out), "--force")
+    assert status == 0, err
     status, deleted, _ = cli("stitches", "delete", "cli-drop")
     assert status == 0 and deleted["deleted"] is True
     status, _, err = cli("stitches", "get", "cli-drop")

@@ -697,7 +697,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_out_arguments(unpaired)
     unpaired.set_defaults(handler=_fit_unpaired)
 
-    score = commands.add_parser("score", help="score a stitch on paired embeddings")
+    score = commands.add_parser(
+        "score",
+        help="score a stitch on paired embeddings",
+        description="Score a stitch on paired embeddings: by default on the held-out split "
+        "that --holdout and --seed give these files (the split lead fit made, when they are "
+        "the files it was fitted on, in the same order), R² against the mean of the other "
+        "rows of --target; with --all on every row, R² against the stitch's own training "
+        "mean. A stitch card's figures come from its own fit data: scored on other files, "
+        "or on the same ones in another order, they differ.",
+    )
     score.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
     _add_pair_arguments(score)
     score.add_argument("--all", action="store_true", help="score on every row (no split)")

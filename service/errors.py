@@ -202,6 +202,10 @@ def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:
         headers["WWW-Authenticate"] = f'Bearer error="insufficient_scope", scope="{exc.required}"'
     if isinstance(exc, le.OverloadedError | le.NotReadyError):
         headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, le.PayloadTooLargeError | le.RequestTimeoutError):
+        # the rest of the body is not read: it must not be taken for the next request, and
+        # a streamed upload's sender would otherwise go on sending into the void
+        headers["Connection"] = "close"
     return error_response(
         kind.status,
         kind.type,
@@ -281,10 +285,15 @@ def _allowed_methods(request: Request) -> list[str]:
 _HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 
 
+def _cut(name: str, limit: int = ECHO_LIMIT) -> str:
+    """``name`` cut to ``limit`` characters with an ellipsis."""
+    return name if len(name) <= limit else f"{name[:limit]}…"
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
     # pydantic names the member of a union it tried ("list[list[float]]"): not a field
     parts = [
-        str(p)
+        _cut(str(p))  # a field name is the client's: 20 MB of it were echoed twice
         for p in loc
         if p not in ("body", "query", "path", "header") and not re.search(r"[\[(]", str(p))
     ]

@@ -40,8 +40,11 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 _PIECE_BYTES = 256 * 1024
 
 #: A ``\\uD800``-``\\uDFFF`` escape (group 2: its third hex digit, 8-B for a high one)
-#: after a run of backslashes (group 1; odd: the last one starts the escape).
-_SURROGATE_ESCAPE = re.compile(rb"(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+#: after a whole run of backslashes (group 1; odd: the last one starts the escape). The run
+#: is matched from its start only and possessively: ``(\\+)`` alone tried every start
+#: within a run, quadratic in its length (80 KB of backslashes held the interpreter, and
+#: with it the event loop, for 30 s: an adversarial pass).
+_SURROGATE_ESCAPE = re.compile(rb"(?<!\\)(\\++)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 

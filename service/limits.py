@@ -365,8 +365,7 @@ class BodyLimitMiddleware:
         hint = self.path_hints.get(path)
         if declared is not None and declared > limit:
             response = lead_error_response(_too_large(limit, declared, hint), scope)
-            response.headers["Connection"] = "close"  # not read: it is no next request
-            await response(scope, receive, send)
+            await response(scope, receive, send)  # closes the connection: the body is unread
             return
         if per_piece:
             await self.app(scope, self._streaming_receive(receive, limit), send)
@@ -390,10 +389,7 @@ class BodyLimitMiddleware:
             InvalidJSONError,
             LimitExceededError,
         ) as exc:
-            response = lead_error_response(exc, scope)
-            if isinstance(exc, PayloadTooLargeError | RequestTimeoutError):
-                response.headers["Connection"] = "close"  # the rest of the body is not read
-            await response(scope, receive, send)
+            await lead_error_response(exc, scope)(scope, receive, send)
             return
 
         async def replay() -> Message:

@@ -325,6 +325,8 @@ def test_too_large_uploads_then_a_good_one(
 
     streamed = client.post("/v1/datasets", content=chunks(), headers=OCTET)
     assert streamed.status_code == 413, streamed.text
+    # the rest is not read: the sender went on sending into an open connection (a pass)
+    assert streamed.headers["connection"] == "close"
     assert not [p for p in (data_dir / "datasets").iterdir() if p.name.startswith(".")]
     multipart = client.post(
         "/v1/datasets", files={"file": ("big.safetensors", big, "application/octet-stream")}

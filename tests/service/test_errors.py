@@ -362,6 +362,22 @@ def test_framework_errors_use_the_envelope(client: TestClient, queries: Any) -> 
     _good(client, queries)
 
 
+def test_a_huge_unknown_field_name_is_not_echoed_whole(client: TestClient, queries: Any) -> None:
+    """A 20 MB field name came back twice, in the message and the param (a 40 MB answer:
+    an adversarial pass)."""
+    name = "a" * 1_000_000
+    for path, body in (
+        ("/v1/translate", {"stitch": STITCH, "input": _vectors(), name: 1}),
+        ("/v1/align", {name: 1}),
+    ):
+        r = client.post(path, json=body)
+        assert r.status_code == 422, r.text[:300]
+        assert len(r.content) < 2_000
+        assert name[:100] in r.json()["error"]["message"]
+    assert r.json()["error"]["param"].endswith("…")
+    _good(client, queries)
+
+
 def test_unexpected_errors_do_not_leak(
     client: TestClient, queries: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -170,3 +170,22 @@ def test_a_mistyped_field_names_the_closest_one() -> None:
     unknown = [e for e in error.value.errors() if e["type"] == "extra_forbidden"]
     assert unknown and unknown[0]["loc"] == ("body", "datset")
     assert unknown[0]["msg"].endswith("did you mean 'dataset'?")
+
+
+def test_a_long_run_of_backslashes_is_scanned_in_linear_time() -> None:
+    """The surrogate scan tried every start within a run of backslashes: quadratic, and it
+    holds the interpreter (80 KB held the event loop for 30 s; an adversarial pass). Four
+    million backslashes take milliseconds now; quadratically they would take days."""
+    import threading
+
+    run = b"\\\\" * 2_000_000
+    bodies = [
+        b'{"dataset": "' + run + b'\\u0041"}',  # valid: a \u escape after escaped backslashes
+        b'{"dataset": "' + run + b'\\ud800"}',  # a lone surrogate after them
+    ]
+    found: list[int | None] = []
+    scan = threading.Thread(target=lambda: found.extend(map(json_body._lone_surrogate, bodies)))
+    scan.start()
+    scan.join(60)
+    assert not scan.is_alive(), "the scan of a run of backslashes does not end"
+    assert found == [None, len(bodies[1]) - 8]

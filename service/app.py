@@ -33,7 +33,7 @@ from service.loader import configured_refs, load_stitches, resolve_device
 from service.observability import Metrics, RequestContextMiddleware, configure_logging
 from service.openapi import build_openapi
 from service.registry import StitchRegistry
-from service.routes import include_routers
+from service.routes import include_routers, route_scopes
 from service.routes.translate import OPENAPI_MODELS
 from service.settings import Settings
 from service.startup import StartupErrorMiddleware
@@ -187,7 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     # outside the body limit: a request without a key is refused before its body is read
-    app.add_middleware(ApiKeyGate, keys=settings.api_keys)
+    app.add_middleware(ApiKeyGate, keys=settings.api_keys, routes=route_scopes())
     app.add_middleware(InternalErrorMiddleware)  # inside the request id: a 500 carries it
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.add_middleware(StartupErrorMiddleware)  # lifespan only: a failed start in one line

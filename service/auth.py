@@ -10,6 +10,7 @@ known key without the scope is a 403 (:class:`~lead.errors.PermissionDeniedError
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -22,7 +23,14 @@ from service.deps import SettingsDep
 from service.errors import lead_error_response
 from service.settings import ApiKey
 
-__all__ = ["ApiKeyGate", "find_key", "refusal", "require_api_key"]
+__all__ = [
+    "ApiKeyGate",
+    "RouteScope",
+    "authenticate",
+    "check_scope",
+    "find_key",
+    "require_api_key",
+]
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -85,52 +93,92 @@ async def require_api_key(
     if key is None:
         raise AuthenticationError("invalid API key", param="Authorization")
     for scope in security_scopes.scopes:
-        if not key.grants(scope):
-            raise PermissionDeniedError(
-                f"this API key has the scope {key.scope!r}; {request.method} "
-                f"{request.url.path[:200]} needs a key with the scope {scope!r}",
-                required=scope,
-                param="Authorization",
-            )
+        check_scope(key, scope, request.method, request.url.path)
 
 
-def refusal(header: str | None, keys: list[ApiKey]) -> AuthenticationError | None:
-    """Why a request with this ``Authorization`` header (None: none) is refused, when
-    ``keys`` are configured; None when it carries one of them (scopes are the routes')."""
-    if not keys:
-        return None
+def check_scope(key: ApiKey, scope: str, method: str, path: str) -> None:
+    """Refuse ``key`` for a route (``method`` ``path``) that needs ``scope``.
+
+    Raises
+    ------
+    PermissionDeniedError
+        If the key lacks the scope.
+    """
+    if not key.grants(scope):
+        raise PermissionDeniedError(
+            f"this API key has the scope {key.scope!r}; {method} {path[:200]} needs a key "
+            f"with the scope {scope!r}",
+            required=scope,
+            param="Authorization",
+        )
+
+
+def authenticate(header: str | None, keys: list[ApiKey]) -> ApiKey:
+    """The configured key an ``Authorization`` header (None: none) carries.
+
+    Raises
+    ------
+    AuthenticationError
+        A missing or malformed header, or an unknown key.
+    """
     scheme, _, token = (header or "").strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        return _missing_or_malformed(header or "")
-    if find_key(token, keys) is None:
-        return AuthenticationError("invalid API key", param="Authorization")
-    return None
+        raise _missing_or_malformed(header or "")
+    key = find_key(token, keys)
+    if key is None:
+        raise AuthenticationError("invalid API key", param="Authorization")
+    return key
+
+
+#: A protected route: its path pattern, methods and the scope a key needs for it.
+RouteScope = tuple[re.Pattern[str], frozenset[str], str]
 
 
 class ApiKeyGate:
-    """Answer 401 to a request under ``prefix`` without a configured API key before any of
-    its body is read, decompressed or counted (:class:`~service.limits.BodyLimitMiddleware`
-    sits inside): clients without a key got 413, 415 or 422 instead, and their compressed
-    bodies took the decompression slots of everyone else's (an adversarial pass). The
-    routes' :func:`require_api_key` still checks the key's scope (403) and documents it.
-    The answer closes the connection when a body was announced (none of it is read)."""
+    """Answer 401 to a request under ``prefix`` without a configured API key, and 403 to one
+    whose key lacks the scope of the route it names (``routes``), before any of its body is
+    read, decompressed or counted (:class:`~service.limits.BodyLimitMiddleware` sits
+    inside): clients without a key got 413, 415 or 422 instead, and compressed bodies sent
+    without a key, or with a ``translate`` key to admin routes, took the decompression slots
+    of everyone else's (two adversarial passes). The routes' :func:`require_api_key` checks
+    again and documents the scopes. The answer closes the connection when a body was
+    announced (none of it is read)."""
 
-    def __init__(self, app: ASGIApp, keys: list[ApiKey], prefix: str = "/v1/") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: list[ApiKey],
+        routes: list[RouteScope] | None = None,
+        prefix: str = "/v1/",
+    ) -> None:
         self.app = app
         self.keys = keys
+        self.routes = list(routes or [])
         self.prefix = prefix
+
+    def _needed(self, method: str, path: str) -> str | None:
+        for pattern, methods, needed in self.routes:
+            if method in methods and pattern.match(path):
+                return needed
+        return None  # no such route: the router answers (404 or 405)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        error = refusal(headers.get("authorization"), self.keys)
-        if error is None:
+        try:
+            key = authenticate(headers.get("authorization"), self.keys)
+            needed = self._needed(scope["method"], scope["path"])
+            if needed is not None:
+                check_scope(key, needed, scope["method"], scope["path"])
+        except (AuthenticationError, PermissionDeniedError) as error:
+            refused = error
+        else:
             await self.app(scope, receive, send)
             return
-        response = lead_error_response(error, scope)
+        response = lead_error_response(refused, scope)
         if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
             response.headers["Connection"] = "close"
         await response(scope, receive, send)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Security
+from fastapi.routing import APIRoute
 
-from service.auth import require_api_key
+from service.auth import RouteScope, require_api_key
 from service.routes import align, datasets, docs, health, info, jobs, stitches, translate
 from service.schemas import error_responses
 from service.settings import Scope
 
-__all__ = ["OPEN_ROUTERS", "PROTECTED_ROUTERS", "include_routers"]
+__all__ = ["OPEN_ROUTERS", "PROTECTED_ROUTERS", "include_routers", "route_scopes"]
 
 #: Routers served without API keys (the documentation holds no secrets).
 OPEN_ROUTERS: tuple[APIRouter, ...] = (health.router, docs.router)
@@ -19,6 +20,18 @@ PROTECTED_ROUTERS: dict[Scope, tuple[APIRouter, ...]] = {
     "translate": (info.router, stitches.router, translate.router, align.router),
     "admin": (stitches.admin_router, jobs.router, datasets.router),
 }
+
+
+def route_scopes() -> list[RouteScope]:
+    """Each protected route's path pattern, methods and the scope a key needs for it (for
+    :class:`~service.auth.ApiKeyGate`, which refuses before the body is read)."""
+    return [
+        (route.path_regex, frozenset(route.methods or ()), scope)
+        for scope, routers in PROTECTED_ROUTERS.items()
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute)
+    ]
 
 
 def include_routers(app: FastAPI) -> None:

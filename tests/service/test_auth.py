@@ -265,3 +265,34 @@ def test_openapi_names_the_scope_and_documents_401_and_403() -> None:
                 content = operation["responses"][status]["content"]["application/json"]
                 assert content["schema"] == envelope, (method, path, status)
     assert len(admin) >= 8
+
+
+def test_a_key_without_the_routes_scope_is_refused_before_its_body_is_read(
+    make_client: Any, queries: Any
+) -> None:
+    """A translate key sending gzip bombs to admin routes had them inflated (a decompression
+    slot each) before its 403 (a second adversarial pass): 413, 415 and 400 instead."""
+    import gzip
+
+    client = make_client(api_keys=SCOPED_KEYS)
+    bomb = gzip.compress(b" " * (80 << 20), 9)
+    reader = {**_bearer(READER_KEY), "Content-Type": "application/json"}
+    cases = [
+        ("POST", "/v1/jobs", bomb, {"Content-Encoding": "gzip"}),
+        ("POST", "/v1/jobs", b"{}", {"Content-Encoding": "br"}),
+        ("POST", "/v1/jobs", b"[" * 100_000, {}),
+        ("POST", "/v1/datasets", b"x" * (5 << 20), {"Content-Type": "application/octet-stream"}),
+        ("DELETE", "/v1/stitches/minilm-to-mpnet", b"", {}),
+        ("GET", "/v1/jobs?bogus=1", b"", {}),
+    ]
+    for method, path, body, headers in cases:
+        r = client.request(method, path, content=body or None, headers={**reader, **headers})
+        assert r.status_code == 403, (path, headers, r.text[:300])
+        assert r.json()["error"]["code"] == "insufficient_scope"
+        assert (r.headers.get("connection") == "close") == bool(body), path
+    # the reader's own routes are not refused early, the admin's nothing
+    assert _translate(client, queries, _bearer(READER_KEY)).status_code == 200
+    r = client.post(
+        "/v1/jobs", content=bomb, headers={**_bearer(ADMIN_KEY), "Content-Encoding": "gzip"}
+    )
+    assert r.status_code == 413, r.text  # an admin key reaches the body limit

@@ -176,20 +176,20 @@ def error_response(
 def suggest_fields(errors: Iterable[dict[str, Any]], fields: Iterable[str]) -> list[dict[str, Any]]:
     """``errors`` (pydantic's), each unknown top-level field's message naming the closest of
     ``fields`` (``normalise`` was "Extra inputs are not permitted", with no hint, while a
-    mistyped query parameter already named the right one)."""
+    mistyped query parameter already named the right one), those errors first."""
     known = sorted(fields)
-    out = []
+    hinted, rest = [], []
     for error in errors:
         loc = tuple(error.get("loc", ()))
+        close = []
         if error.get("type") == "extra_forbidden" and len(loc) == 2:
             close = difflib.get_close_matches(str(loc[1]), known, n=1)
-            if close:
-                error = {
-                    **error,
-                    "msg": f"Extra inputs are not permitted; did you mean {close[0]!r}?",
-                }
-        out.append(error)
-    return out
+        if close:
+            message = f"Extra inputs are not permitted; did you mean {close[0]!r}?"
+            hinted.append({**error, "msg": message})
+        else:
+            rest.append(error)
+    return hinted + rest  # a mistyped field first: it explains the missing one
 
 
 def lead_error_response(exc: le.LeadError, scope: Scope) -> JSONResponse:

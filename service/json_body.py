@@ -115,10 +115,16 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
     except UnicodeDecodeError as error:
         reason = f"not UTF-8 text: byte {error.start} ({error.reason})"
         raise _invalid_json(reason, ("body", error.start)) from None
+    if text.startswith("\ufeff"):
+        raise _invalid_json(
+            "the body starts with a byte order mark (BOM): send UTF-8 without one", ("body", 0)
+        )
     try:
         data = _loads(body, text)
     except json.JSONDecodeError as error:
-        raise _invalid_json(error.msg, ("body", error.pos), error.doc) from error
+        byte = len(error.doc[: error.pos].encode()) if isinstance(error.doc, str) else error.pos
+        reason = f"{error.msg} (byte {byte})"
+        raise _invalid_json(reason, ("body", byte), error.doc) from error
     except RecursionError:
         raise _invalid_json("arrays or objects nested too deeply", ("body",)) from None
     except ValueError as error:  # an integer of more digits than the interpreter converts

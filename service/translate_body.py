@@ -39,6 +39,7 @@ a second of decoding that holds every other request).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import sys
@@ -51,7 +52,7 @@ from pydantic import ValidationError
 
 from lead.errors import InvalidInputError
 from service.encoding import EncodingFormat, check_vector_count, decode_vectors
-from service.errors import suggest_fields
+from service.errors import echo, suggest_fields
 from service.limits import VectorLimit, refuse_too_many_numbers, refuse_too_many_vectors
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -233,7 +234,7 @@ def _refuse_bad_fields(body: bytes) -> None:
         if key not in TranslateOptions.model_fields:
             error = {"type": "extra_forbidden", "loc": ("body", key), "input": None}
             error = {**error, "msg": "Extra inputs are not permitted"}
-            raise RequestValidationError(suggest_fields([error], TranslateOptions.model_fields))
+            raise RequestValidationError(suggest_fields([error], _FIELDS))
         if len(raw) > _MAX_OPTION_BYTES:
             message = f"Value error, {len(raw)} bytes of JSON: options are short strings, booleans"
             error = {"type": "value_error", "loc": ("body", key), "input": None}
@@ -251,6 +252,8 @@ _NUMBERS_COUNTED_FROM = 64
 
 #: The longest JSON value an option may have (a Hub id ``org/name@revision`` is far shorter).
 _MAX_OPTION_BYTES = 4096
+#: The fields of a translate body: its options and ``input`` (for the closest-name hint).
+_FIELDS = (*TranslateOptions.model_fields, "input")
 
 
 def _parse_json(body: bytes) -> Any:
@@ -286,8 +289,17 @@ def _parse_options(payload: Any) -> tuple[TranslateOptions, Any]:
     if not isinstance(payload, dict):
         raise InvalidInputError("request body must be a JSON object", param="body")
     if "input" not in payload:
+        close = difflib.get_close_matches("input", [str(key) for key in payload], n=1)
+        hint = f"; the body has {echo(close[0])}: did you mean 'input'?" if close else ""
         raise RequestValidationError(
-            [{"type": "missing", "loc": ("body", "input"), "msg": "Field required", "input": None}]
+            [
+                {
+                    "type": "missing",
+                    "loc": ("body", "input"),
+                    "msg": f"Field required{hint}",
+                    "input": None,
+                }
+            ]
         )
     fields = {key: value for key, value in payload.items() if key != "input"}
     return check_options(fields), payload["input"]
@@ -307,9 +319,7 @@ def check_options(fields: dict[str, Any], where: str = "body") -> TranslateOptio
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
         located = [{**error, "loc": (where, *error["loc"])} for error in errors]
-        raise RequestValidationError(
-            suggest_fields(located, TranslateOptions.model_fields)
-        ) from None
+        raise RequestValidationError(suggest_fields(located, _FIELDS)) from None
 
 
 def find_route(registry: StitchRegistry, options: TranslateFields | TranslateOptions) -> Route:

@@ -145,6 +145,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
         ["normalise", "did you mean 'normalize'?"],
     ),
     (
+        "input mistyped",
+        {"json": {"stitch": STITCH, "inputs": _vectors()}},
+        422,
+        "validation_error",
+        ["input", "'inputs': did you mean 'input'?"],
+    ),
+    (
         "bad encoding_format",
         {"json": {"stitch": STITCH, "input": _vectors(), "encoding_format": "hex"}},
         422,

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 
 from service import json_body
-from service.jobs.schemas import AlignRequest
+from service.jobs.schemas import AlignRequest, JobCreate
 
 
 def _rows(n: int, d: int) -> list[list[float]]:
@@ -189,3 +189,16 @@ def test_a_long_run_of_backslashes_is_scanned_in_linear_time() -> None:
     scan.join(60)
     assert not scan.is_alive(), "the scan of a run of backslashes does not end"
     assert found == [None, len(bodies[1]) - 8]
+
+
+def test_a_syntax_error_names_its_byte_and_a_typo_comes_first() -> None:
+    body = '{"dataset": "ééé", x}'.encode()
+    with pytest.raises(RequestValidationError) as error:
+        json_body._validate(AlignRequest, body)
+    first = error.value.errors()[0]
+    assert first["loc"] == ("body", body.index(b"x"))  # bytes, not characters
+    assert f"(byte {body.index(b'x')})" in first["ctx"]["error"]
+    # a mistyped field explains the missing one: its hint comes first (it was "and 2 more")
+    with pytest.raises(RequestValidationError) as error:
+        json_body._validate(JobCreate, b'{"source_model": "a", "target_model": "b", "datset": "x"}')
+    assert error.value.errors()[0]["msg"].endswith("did you mean 'dataset'?")

@@ -73,6 +73,8 @@ async def require_api_key(
     security_scopes: SecurityScopes,
     request: Request,
     settings: SettingsDep,
+    # declares the bearer scheme in the OpenAPI schema; the header is read by authenticate,
+    # the one parse that ApiKeyGate applies first
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """Pass when no keys are configured, or the request carries a key with every scope the
@@ -87,11 +89,7 @@ async def require_api_key(
     """
     if not settings.api_keys:
         return
-    if credentials is None or not credentials.credentials:
-        raise _missing_or_malformed(request.headers.get("authorization", ""))
-    key = find_key(credentials.credentials, settings.api_keys)
-    if key is None:
-        raise AuthenticationError("invalid API key", param="Authorization")
+    key = authenticate(request.headers.get("authorization"), settings.api_keys)
     for scope in security_scopes.scopes:
         check_scope(key, scope, request.method, request.url.path)
 

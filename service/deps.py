@@ -1,9 +1,13 @@
 """FastAPI dependencies: what routes get from the app (settings, registry, metrics, limiters),
-and :func:`require_json`, the one content-type rule of every route with a JSON body
-(:func:`require_json_or_arrow` for translate, which also takes Arrow IPC streams).
+and :func:`require_json`, the one content-type rule of every route with a JSON body.
 
 All are ``async def``: they do no blocking work, and FastAPI runs a plain ``def``
 dependency in the thread pool, a thread hand-off per dependency per request.
+
+``POST /v1/translate`` is served without FastAPI's dependency solving (the query-time hot
+path, :func:`service.routes.translate.fast_route`) and calls the plain functions here
+itself: :func:`translate_context`, :func:`require_json_or_arrow_media` (JSON or an Arrow
+IPC stream) and :func:`check_query`.
 """
 
 from __future__ import annotations
@@ -31,17 +35,17 @@ __all__ = [
     "RegistryDep",
     "SettingsDep",
     "TranslateContext",
-    "TranslateContextDep",
+    "check_query",
     "get_align_limiter",
     "get_limiter",
     "get_metrics",
     "get_registry",
     "get_settings",
-    "get_translate_context",
     "media_type",
     "refuse_repeated_query",
     "require_json",
-    "require_json_or_arrow",
+    "require_json_or_arrow_media",
+    "translate_context",
 ]
 
 
@@ -67,6 +71,10 @@ async def get_align_limiter(request: Request) -> ConcurrencyLimiter:
 
 async def get_registry(request: Request) -> StitchRegistry:
     """The registry built by the lifespan (503 if the lifespan has not run)."""
+    return _registry(request)
+
+
+def _registry(request: Request) -> StitchRegistry:
     registry: StitchRegistry | None = getattr(request.app.state, "registry", None)
     if registry is None:
         raise NotReadyError("the service is starting")
@@ -75,9 +83,8 @@ async def get_registry(request: Request) -> StitchRegistry:
 
 @dataclass(frozen=True)
 class TranslateContext:
-    """What the translate route needs, in one dependency: with one dependency each, FastAPI's
-    dependency solving took 19% of the server's samples (py-spy) under 64 single-vector
-    clients."""
+    """What the translate route needs from the app, read without FastAPI's dependency
+    solving (the route is served without it: :func:`service.routes.translate.fast_route`)."""
 
     settings: Settings
     registry: StitchRegistry
@@ -87,11 +94,18 @@ class TranslateContext:
     batcher: MicroBatcher
 
 
-async def get_translate_context(request: Request) -> TranslateContext:
+def translate_context(request: Request) -> TranslateContext:
+    """The translate route's context.
+
+    Raises
+    ------
+    NotReadyError
+        If the lifespan has not built the registry yet (503).
+    """
     state = request.app.state
     return TranslateContext(
         state.settings,
-        await get_registry(request),
+        _registry(request),
         state.metrics,
         state.limiter,
         state.small_limiter,
@@ -129,17 +143,17 @@ async def require_json(request: Request) -> None:
         _refuse(request, "application/json")
 
 
-async def require_json_or_arrow(request: Request) -> None:
+def require_json_or_arrow_media(request: Request) -> str:
     """:func:`require_json`, but an Arrow IPC stream (:data:`ARROW_STREAM`) is accepted too:
-    the rule of ``POST /v1/translate``."""
+    the rule of ``POST /v1/translate``, which calls it itself. Returns the media type."""
     media = media_type(request)
     if not _is_json(media) and media != ARROW_STREAM:
         _refuse(request, f"application/json or {ARROW_STREAM}")
+    return media
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-TranslateContextDep = Annotated[TranslateContext, Depends(get_translate_context)]
 LimiterDep = Annotated[ConcurrencyLimiter, Depends(get_limiter)]
 AlignLimiterDep = Annotated[ConcurrencyLimiter, Depends(get_align_limiter)]
 RegistryDep = Annotated[StitchRegistry, Depends(get_registry)]
@@ -173,10 +187,20 @@ async def refuse_repeated_query(request: Request) -> None:
     422 naming the key. Found by the contract test (``?limit=true&limit=true&limit=1``
     answered 200). Async: FastAPI runs a plain function dependency in a worker thread, a
     hand-off on every request."""
-    if not request.scope.get("query_string"):
-        return
-    route = request.scope.get("route")
-    known = _query_names(route) if isinstance(route, APIRoute) else None
+    if request.scope.get("query_string"):
+        route = request.scope.get("route")
+        check_query(request, _query_names(route) if isinstance(route, APIRoute) else None)
+
+
+def check_query(request: Request, known: frozenset[str] | None) -> None:
+    """:func:`refuse_repeated_query` for a route that takes the query parameters ``known``
+    (None: any), called by a route served without FastAPI's dependencies.
+
+    Raises
+    ------
+    RequestValidationError
+        Naming the first key given twice or not in ``known`` (422).
+    """
     seen: set[str] = set()
     for key, value in request.query_params.multi_items():
         if key in seen:

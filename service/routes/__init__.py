@@ -36,7 +36,9 @@ def route_scopes() -> list[RouteScope]:
 
 def include_routers(app: FastAPI) -> None:
     """Include every router, with API-key and scope checks on the protected ones, and
-    the documentation pages' static files."""
+    the documentation pages' static files; ``POST /v1/translate`` is served ahead of them
+    all by :func:`service.routes.translate.fast_route` (the query-time hot path)."""
+    app.router.routes.append(translate.fast_route())
     docs.mount_assets(app)
     for router in OPEN_ROUTERS:
         app.include_router(router)

@@ -213,3 +213,28 @@ def test_flags_are_json_booleans(client: TestClient, queries: Any, value: Any) -
         r = client.post("/v1/translate", json=body)
         assert r.status_code == 422, r.text
         assert flag in r.text
+
+
+def test_translate_is_served_without_fastapi_dependencies_it_would_skip(
+    client: TestClient,
+) -> None:
+    """``POST /v1/translate`` is answered by a plain Starlette route ahead of FastAPI's
+    (``service.routes.translate.fast_route``), so FastAPI's dependencies never run for it:
+    the documented route may have none of its own, and the app's may only be those whose
+    checks the endpoint makes itself (a new one would be skipped silently). The router's
+    API-key check is made before the body by ``service.auth.ApiKeyGate``."""
+    from fastapi.routing import APIRoute
+    from starlette.routing import Match
+
+    from service.deps import refuse_repeated_query
+    from service.routes import translate
+
+    app: Any = client.app
+    scope = {"type": "http", "method": "POST", "path": "/v1/translate", "root_path": ""}
+    served = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
+    assert not isinstance(served, APIRoute)
+    (documented,) = [r for r in translate.router.routes if isinstance(r, APIRoute)]
+    assert documented.path == "/v1/translate" and documented.endpoint is served.endpoint
+    assert documented.dependencies == [] and documented.dependant.dependencies == []
+    assert [d.dependency for d in app.router.dependencies] == [refuse_repeated_query]
+    assert "/v1/translate" in app.openapi()["paths"]

@@ -68,12 +68,6 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=503, headers=headers)
 
 
-# HEAD as GET, for load balancers that probe with it (uvicorn sends no body); not in the
-# OpenAPI schema, whose operations would repeat GET's
-router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
-router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
-
-
 @router.get(
     "/metrics",
     summary="Prometheus metrics",

@@ -296,3 +296,15 @@ def test_a_key_without_the_routes_scope_is_refused_before_its_body_is_read(
         "/v1/jobs", content=bomb, headers={**_bearer(ADMIN_KEY), "Content-Encoding": "gzip"}
     )
     assert r.status_code == 413, r.text  # an admin key reaches the body limit
+
+
+def test_head_needs_the_key_and_scope_of_get(make_client: Any) -> None:
+    """HEAD is answered wherever GET is (``service.routes.head_routes``) and guarded alike."""
+    client = make_client(api_keys=[f"{ADMIN_KEY}:admin", f"{READER_KEY}:translate"])
+    for path in ("/v1/info", "/v1/stitches", "/v1/jobs"):
+        r = client.head(path)
+        assert r.status_code == 401 and r.content == b"", path
+    assert client.head("/v1/stitches", headers=_bearer(READER_KEY)).status_code == 200
+    assert client.head("/v1/jobs", headers=_bearer(READER_KEY)).status_code == 403
+    assert client.head("/v1/jobs", headers=_bearer(ADMIN_KEY)).status_code == 200
+    assert client.head("/metrics").status_code == 200  # open as GET

@@ -201,3 +201,24 @@ def test_every_jobs_route_of_a_replica_without_jobs_is_a_documented_503(
         assert "LEAD_ENABLE_JOBS=false" in r.json()["error"]["message"]
         assert "retry-after" not in r.headers  # retrying will not help
         assert "503" in schema["paths"][path][method]["responses"], (method, path)
+
+
+def test_every_get_route_answers_head_alike(make_client: Any) -> None:
+    """RFC 9110 section 9.3.2: HEAD wherever GET, with GET's status and headers, no body
+    (it was 405 on /metrics, /docs, /openapi.json and every /v1/ GET route)."""
+    client = make_client(enable_jobs=True)
+    paths = [
+        path
+        for path, item in client.app.openapi()["paths"].items()  # type: ignore[attr-defined]
+        if "get" in item and "{" not in path
+    ]
+    paths += ["/docs", "/redoc", "/openapi.json", "/v1/stitches/minilm-to-mpnet"]
+    paths += ["/v1/stitches/no-such-stitch", "/v1/jobs/no-such-job"]
+    assert len(paths) >= 10
+    for path in paths:
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code, path
+        assert head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == get.headers["content-length"], path

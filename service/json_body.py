@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.errors import suggest_fields
 
-__all__ = ["json_body", "json_request_body"]
+__all__ = ["encoding_problem", "json_body", "json_request_body"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -45,6 +45,7 @@ _PIECE_BYTES = 256 * 1024
 #: within a run, quadratic in its length (80 KB of backslashes held the interpreter, and
 #: with it the event loop, for 30 s: an adversarial pass).
 _SURROGATE_ESCAPE = re.compile(rb"(?<!\\)(\\++)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+_BLANK = re.compile(rb"[ \t\r\n]*")  # JSON's whitespace (matched, not copied as strip does)
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -88,6 +89,27 @@ def _invalid_json(reason: str, loc: tuple[Any, ...], doc: Any = None) -> Request
     return RequestValidationError([{**error, "ctx": {"error": reason}}], body=doc)
 
 
+def encoding_problem(body: bytes) -> tuple[str, tuple[str, int] | tuple[str]] | None:
+    """Why ``body`` is not a JSON text in UTF-8 before any syntax (RFC 8259, section 8.1),
+    and its location (``("body", byte)``); None when it may be one. For the message of a body that
+    failed to parse, where a parser's own words ("Input data was truncated", "Expecting
+    property name") would not say it.
+
+    Empty or only whitespace; a byte order mark; UTF-16 or UTF-32 (a NUL byte among the
+    first four: a JSON text in UTF-8 starts with an ASCII character, and NUL is none that
+    JSON allows).
+    """
+    if _BLANK.fullmatch(body):
+        return ("the body is empty" if not body else "the body holds only whitespace"), ("body",)
+    if body.startswith(b"\xef\xbb\xbf"):
+        reason = "the body starts with a byte order mark (BOM): send UTF-8 without one"
+        return reason, ("body", 0)
+    if body.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:
+        reason = "the body is not UTF-8 (it looks like UTF-16 or UTF-32): send JSON in UTF-8"
+        return reason, ("body", 0)
+    return None
+
+
 def _lone_surrogate(body: bytes) -> int | None:
     """The byte offset of the first ``\\uD800``-``\\uDFFF`` escape of a JSON text that is
     not half of a surrogate pair (``json.loads`` turns it into a string that is not
@@ -108,20 +130,16 @@ def _lone_surrogate(body: bytes) -> int | None:
 
 
 def _validate(model: type[ModelT], body: bytes) -> ModelT:
-    if not body:
-        raise _invalid_json("the body is empty", ("body",))
     try:
         text = body.decode("utf-8")  # JSON exchanged between systems is UTF-8 (RFC 8259)
-    except UnicodeDecodeError as error:
-        reason = f"not UTF-8 text: byte {error.start} ({error.reason})"
-        raise _invalid_json(reason, ("body", error.start)) from None
-    if text.startswith("\ufeff"):
-        raise _invalid_json(
-            "the body starts with a byte order mark (BOM): send UTF-8 without one", ("body", 0)
-        )
-    try:
         data = _loads(body, text)
-    except json.JSONDecodeError as error:
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        problem = encoding_problem(body)
+        if problem is not None:
+            raise _invalid_json(*problem) from None
+        if isinstance(error, UnicodeDecodeError):
+            reason = f"not UTF-8 text: byte {error.start} ({error.reason})"
+            raise _invalid_json(reason, ("body", error.start)) from None
         byte = len(error.doc[: error.pos].encode()) if isinstance(error.doc, str) else error.pos
         reason = f"{error.msg} (byte {byte})"
         raise _invalid_json(reason, ("body", byte), error.doc) from error

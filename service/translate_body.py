@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from lead.errors import InvalidInputError
 from service.encoding import EncodingFormat, check_vector_count, decode_vectors
 from service.errors import echo, suggest_fields
+from service.json_body import encoding_problem
 from service.limits import VectorLimit, refuse_too_many_numbers, refuse_too_many_vectors
 from service.registry import StitchRegistry
 from service.routing import Route
@@ -261,6 +262,11 @@ def _parse_json(body: bytes) -> Any:
         return msgspec.json.Decoder(float_hook=float).decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         error = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
+        problem = encoding_problem(body)
+        if problem is not None:
+            error = problem[0]
+        elif error == "Input data was truncated":  # msgspec's words for a text cut short
+            error = f"the body ends (byte {len(body)}) before its JSON text is complete"
         if error.startswith("Integer value out of range"):  # beyond int_max_str_digits
             raise InvalidInputError(
                 f"input holds an integer of more than {sys.get_int_max_str_digits()} digits, "

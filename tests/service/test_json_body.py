@@ -106,9 +106,15 @@ _PAD = b" " * 300_000  # beyond _PIECE_BYTES: the body is parsed in pieces
         (b'{"dataset": "a\xffb"}', "not UTF-8 text", b"\xff"),
         (b'{"source": [[1.0]], "dataset": "\xff"}' + _PAD, "not UTF-8 text", b"\xff"),
         (b"\xef\xbb\xbf" + b'{"dataset": "x"}', "BOM", None),
-        ('{"dataset": "x"}'.encode("utf-16"), "not UTF-8", None),
+        ('{"dataset": "x"}'.encode("utf-16"), "looks like UTF-16", None),
+        ('{"dataset": "x"}'.encode("utf-16-le"), "looks like UTF-16", None),
+        ('{"dataset": "x"}'.encode("utf-32"), "looks like UTF-16 or UTF-32", None),
+        (b" \n\t ", "only whitespace", None),
     ],
-    ids=["value", "key", "high-alone", "large", "utf-8", "utf-8-large", "bom", "utf-16"],
+    ids=[
+        *("value", "key", "high-alone", "large", "utf-8", "utf-8-large", "bom", "utf-16"),
+        *("utf-16-without-bom", "utf-32", "whitespace"),
+    ],
 )
 def test_text_that_is_not_unicode_is_invalid_json(
     body: bytes, reason: str, at: bytes | None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from typing import Annotated, NoReturn
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
@@ -175,6 +176,23 @@ def _query_names(route: APIRoute) -> frozenset[str]:
     return frozenset(names)
 
 
+def _refuse_non_utf8(query: bytes) -> None:
+    """Refuse a query parameter that is not UTF-8 once percent-decoded (Starlette decodes
+    it with U+FFFD in place of the bad bytes: ``?name=%ff`` labelled a dataset "\ufffd")."""
+    for part in query.split(b"&"):
+        key, _, value = part.partition(b"=")
+        for piece, what in ((key, "the key"), (value, "the value")):
+            try:
+                unquote_to_bytes(piece.replace(b"+", b" ")).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _query_error(
+                    key.decode("latin-1")[:200],
+                    value.decode("latin-1")[:200],
+                    f"Value error, {what} is not UTF-8 once percent-decoded; encode text as "
+                    "UTF-8 before percent-encoding it",
+                ) from None
+
+
 def _query_error(key: str, value: str, message: str) -> RequestValidationError:
     error = {"type": "value_error", "loc": ("query", key), "msg": message, "input": value}
     return RequestValidationError([error])
@@ -199,8 +217,10 @@ def check_query(request: Request, known: frozenset[str] | None) -> None:
     Raises
     ------
     RequestValidationError
-        Naming the first key given twice or not in ``known`` (422).
+        Naming the first key given twice or not in ``known``, or whose key or value is not
+        UTF-8 once percent-decoded (422).
     """
+    _refuse_non_utf8(request.scope.get("query_string", b""))
     seen: set[str] = set()
     for key, value in request.query_params.multi_items():
         if key in seen:

@@ -354,11 +354,21 @@ def test_more_bad_requests_then_good_ones(
          400, "invalid_input"),
         (client.post("/v1/datasets", files={"file": ("a", body)}, data={"name": "a\u202eb"}),
          400, "invalid_input"),
+        # bytes that are not UTF-8 were stored as U+FFFD (Starlette's decoding)
+        (client.post("/v1/datasets?name=a%ffb", content=body, headers=OCTET), 422,
+         "validation_error"),
+        (client.post("/v1/datasets?%C3=1", content=body, headers=OCTET), 422,
+         "validation_error"),
     ]  # fmt: skip
     for r, status, code in cases:
         assert r.status_code == status, r.text
         assert r.json()["error"]["code"] == code, r.json()
         assert upload(client, body)["pairs"] == 50
+    assert "not UTF-8 once percent-decoded" in cases[-2][0].json()["error"]["message"]
+    labels = [d["name"] for d in client.get("/v1/datasets").json()["data"]]
+    assert not [label for label in labels if label and "\ufffd" in label]
+    r = client.post("/v1/datasets?name=caf%C3%A9", content=body, headers=OCTET)
+    assert r.json()["name"] == "caf\u00e9"
 
 
 def test_metadata_strings_are_capped_like_the_name_parameter(

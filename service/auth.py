@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from lead.errors import AuthenticationError, PermissionDeniedError
 from service.deps import SettingsDep
 from service.errors import lead_error_response
+from service.paths import route_path
 from service.settings import ApiKey
 
 __all__ = [
@@ -139,9 +140,11 @@ class ApiKeyGate:
     read, decompressed or counted (:class:`~service.limits.BodyLimitMiddleware` sits
     inside): clients without a key got 413, 415 or 422 instead, and compressed bodies sent
     without a key, or with a ``translate`` key to admin routes, took the decompression slots
-    of everyone else's (two adversarial passes). The routes' :func:`require_api_key` checks
-    again and documents the scopes. The answer closes the connection when a body was
-    announced (none of it is read)."""
+    of everyone else's (two adversarial passes). Paths are compared as the router matches
+    them (:func:`service.paths.route_path`: under a root path too). The routes'
+    :func:`require_api_key` checks again and documents the scopes, except ``POST
+    /v1/translate``, served without dependencies: this gate is its only check. The answer
+    closes the connection when a body was announced (none of it is read)."""
 
     def __init__(
         self,
@@ -162,15 +165,16 @@ class ApiKeyGate:
         return None  # no such route: the router answers (404 or 405)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or not scope["path"].startswith(self.prefix):
+        path = route_path(scope) if scope["type"] == "http" else ""
+        if scope["type"] != "http" or not self.keys or not path.startswith(self.prefix):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
         try:
             key = authenticate(headers.get("authorization"), self.keys)
-            needed = self._needed(scope["method"], scope["path"])
+            needed = self._needed(scope["method"], path)
             if needed is not None:
-                check_scope(key, needed, scope["method"], scope["path"])
+                check_scope(key, needed, scope["method"], path)
         except (AuthenticationError, PermissionDeniedError) as error:
             refused = error
         else:

@@ -26,6 +26,7 @@ from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.limits import ConcurrencyLimiter
 from service.observability import Metrics
+from service.paths import route_path
 from service.registry import StitchRegistry
 from service.settings import Settings
 
@@ -226,7 +227,7 @@ def check_query(request: Request, known: frozenset[str] | None) -> None:
         if key in seen:
             message = "Value error, given more than once; give each query parameter once"
             raise _query_error(key, value, message)
-        if known is not None and key not in known and request.url.path.startswith("/v1/"):
+        if known is not None and key not in known and route_path(request.scope).startswith("/v1/"):
             takes = ", ".join(sorted(known)) if known else "no query parameters"
             close = difflib.get_close_matches(key, sorted(known), n=1)
             guess = f"; did you mean {close[0]!r}?" if close else ""

@@ -32,6 +32,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import errors as le
+from service.paths import route_path
 
 __all__ = [
     "CLIENT_CLOSED_STATUS",
@@ -274,7 +275,7 @@ def _allowed_methods(request: Request) -> list[str]:
     only, while a path here may have one route per method (``GET`` and ``DELETE``).
     """
     methods: set[str] = set()
-    path = request.url.path
+    path = route_path(request.scope)
     for template, item in request.app.openapi().get("paths", {}).items():
         regex, _, _ = compile_path(template)
         if regex.match(path):

@@ -56,6 +56,7 @@ from lead.errors import (
     UnsupportedMediaTypeError,
 )
 from service.errors import lead_error_response
+from service.paths import route_path
 
 __all__ = [
     "BodyLimitMiddleware",
@@ -345,7 +346,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
+        path = route_path(scope)
         per_piece = path in self.path_limits
         limit = self.path_limits.get(path, self.max_body_bytes)
         if self.media_limits and not per_piece:

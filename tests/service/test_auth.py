@@ -308,3 +308,23 @@ def test_head_needs_the_key_and_scope_of_get(make_client: Any) -> None:
     assert client.head("/v1/jobs", headers=_bearer(READER_KEY)).status_code == 403
     assert client.head("/v1/jobs", headers=_bearer(ADMIN_KEY)).status_code == 200
     assert client.head("/metrics").status_code == 200  # open as GET
+
+
+def test_keys_are_checked_under_a_root_path(make_client: Any, queries: Any) -> None:
+    """Behind ``uvicorn --root-path /api`` (or mounted in another app) the scope's path holds
+    the prefix: the gate compared it with ``/v1/`` and let ``POST /v1/translate``, which
+    has no dependency to check again, answer 200 without a key (an adversarial pass)."""
+    from fastapi.testclient import TestClient
+
+    app = make_client(api_keys=[f"{ADMIN_KEY}:admin", f"{READER_KEY}:translate"]).app
+    client = TestClient(app, root_path="/api", raise_server_exceptions=False)
+    body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])}
+    for headers in ({}, _bearer("wrong-key")):
+        r = client.post("/api/v1/translate", json=body, headers=headers)
+        assert r.status_code == 401, r.text
+        assert client.get("/api/v1/stitches", headers=headers).status_code == 401
+    r = client.post("/api/v1/translate", json=body, headers=_bearer(READER_KEY))
+    assert r.status_code == 200, r.text
+    assert client.get("/api/v1/jobs", headers=_bearer(READER_KEY)).status_code == 403
+    r = client.get("/api/v1/jobs?bogus=1", headers=_bearer(ADMIN_KEY))
+    assert r.status_code == 422, r.text  # an unknown query key, as without a root path

@@ -13,14 +13,17 @@ spurious changes.
 shape that varies with the batch in a way that matters:
 
 * on the CPU, the rows are padded with zero rows to a multiple of :data:`ROW_QUANTUM` and
-  run in one call. The BLAS then never takes its matrix-vector path (one row) nor its
-  small-remainder one, and every row goes through the same kernel and reduction order
-  whatever the batch size, the row's position and the thread count. Measured with MKL
-  (torch's CPU wheels) on the bundled stitches: a quantum of 2 still leaves rows that
-  differ, 4 and more none (batches of 1-40, 64-2,048 rows, 1-16 threads); 8 leaves a
-  margin for wider kernels. ``tests/lead/test_batch_invariance.py`` checks it on the
-  machine that runs the tests. Cost: a lone vector runs as 8 rows (+0.15 ms on the bundled
-  MLP stitches); a batch of 1,024 pads nothing;
+  run in one call, with one intra-op thread. The BLAS then never takes its matrix-vector
+  path (one row) nor its small-matrix one, and every row goes through the same kernel and
+  reduction order whatever the batch size and the row's position; one thread keeps MKL
+  from splitting a long inner dimension between threads, which adds the partial sums in
+  an order set by the thread count. Measured with MKL 2024.2 (torch 2.13's CPU wheel) on
+  the bundled stitches: on one Xeon every quantum from 4 gave the same bits; on another
+  (AVX-512 VNNI) fewer than 16 rows take a small-matrix kernel of their own, and with two
+  threads the 2,048-wide hidden layer of the MLP stitches differed between a batch of 16
+  and one of 1,024. ``tests/lead/test_batch_invariance.py`` checks it on the machine that
+  runs the tests. Cost: a lone vector runs as 16 rows (+~0.03 ms for a 384 x 768 product
+  on the second machine), and a large batch on one core;
 * on CUDA, kernels (and split-K reductions) are chosen per shape by cuBLAS heuristics, so
   the rows run in fixed tiles of exactly :data:`CUDA_TILE` rows (the last one padded): one
   shape, one kernel, one reduction order.
@@ -39,8 +42,9 @@ On the CPU such a stitch is then called on ``x`` as it is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -58,8 +62,8 @@ __all__ = [
     "top_k_cosines",
 ]
 
-#: CPU: rows are padded to a multiple of this (a multiple of every BLAS micro-kernel height).
-ROW_QUANTUM = 8
+#: CPU: rows are padded to a multiple of this (at and above it MKL keeps one kernel per shape).
+ROW_QUANTUM = 16
 #: CUDA: rows run in tiles of exactly this many.
 CUDA_TILE = 1024
 #: The attribute (set to True) of a map that is batch-invariant on the CPU by itself.
@@ -134,8 +138,28 @@ def forward_batch_invariant(run: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
         ]
         return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
     rows = -(-n // ROW_QUANTUM) * ROW_QUANTUM
-    out = run(_padded(x, rows))
+    with _one_thread():
+        out = run(_padded(x, rows))
     return out if rows == n else out[:n]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread (the calling thread's setting, restored).
+
+    MKL splits a product's inner dimension between threads when it is long (2,048, the
+    bundled MLP stitches' hidden layer), and adds the partial sums in an order set by the
+    thread count: with two threads a row differed between a batch of 1,024 and 16 (one
+    thread: none; a Xeon with AVX-512 VNNI, torch 2.13's MKL 2024.2)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fixed_order_sum(p: Tensor) -> Tensor:

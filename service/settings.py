@@ -207,7 +207,8 @@ class Settings(BaseSettings):
         ge=1,
         description="torch intra-op threads (torch.set_num_threads, set at start-up). Requests "
         "run concurrently, one forward per worker thread, so 1 avoids oversubscribing the cores; "
-        "raise it for lower latency of single large batches on an idle many-core CPU.",
+        "raise it for lower latency of single large batches on an idle many-core CPU (a stitch's "
+        "dense products run on one thread whatever it is: batch-invariant answers).",
     )
     workers: int = Field(
         default=1,

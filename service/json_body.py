@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.errors import suggest_fields
 
-__all__ = ["encoding_problem", "json_body", "json_request_body"]
+__all__ = ["encoding_problem", "json_body", "json_request_body", "json_value_problem"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -146,8 +146,7 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
     except RecursionError:
         raise _invalid_json("arrays or objects nested too deeply", ("body",)) from None
     except ValueError as error:  # an integer of more digits than the interpreter converts
-        reason = str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
-        raise _invalid_json(reason, ("body",)) from None
+        raise _invalid_json(json_value_problem(error), ("body",)) from None
     at = _lone_surrogate(body) if b"\\u" in body else None
     if at is not None:
         reason = f"a \\u escape at byte {at} is half of a UTF-16 surrogate pair: not Unicode text"
@@ -161,6 +160,13 @@ def _validate(model: type[ModelT], body: bytes) -> ModelT:
         raise RequestValidationError(
             suggest_fields(errors, model.model_fields), body=data
         ) from error
+
+
+def json_value_problem(error: ValueError) -> str:
+    """What ``json.loads`` found wrong, for a client: an integer of more digits than the
+    interpreter converts is named without CPython's advice to its programmer (``use
+    sys.set_int_max_str_digits()``)."""
+    return str(error).split(";")[0].replace("Exceeds", "an integer exceeds")
 
 
 def json_body(model: type[ModelT]) -> Callable[[Request], Awaitable[ModelT]]:

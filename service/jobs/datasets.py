@@ -42,6 +42,7 @@ from lead.errors import (
     ShapeMismatchError,
     TooFewPairsError,
 )
+from service.json_body import json_value_problem
 
 __all__ = [
     "MIN_PAIRS",
@@ -92,7 +93,10 @@ def _json_meta(meta: dict[str, str], key: str) -> Any:
     try:
         return json.loads(meta[key])
     except (ValueError, TypeError) as exc:
-        raise DecodeError(f"metadata entry {key!r} is not valid JSON: {exc}", param=key) from None
+        problem = json_value_problem(exc) if isinstance(exc, ValueError) else exc
+        raise DecodeError(
+            f"metadata entry {key!r} is not valid JSON: {problem}", param=key
+        ) from None
     except RecursionError:  # "[[[[..." a hundred thousand deep
         raise DecodeError(
             f"metadata entry {key!r} is nested too deeply to be read", param=key

@@ -438,9 +438,12 @@ def unit_rows(y: Tensor) -> Tensor:
     entries above ~1e19 in float32) is normalised, not turned into zeros.
     """
     peak = y.detach().abs().amax(dim=1, keepdim=True)
-    # after the division every non-zero row has norm >= 1, so eps=0.5 only keeps zero rows
-    # at zero (the default 1e-12 underflows to 0 in float16 and gives 0 / 0 = NaN)
-    return nn.functional.normalize(y / torch.where(peak > 0, peak, 1.0), dim=1, eps=0.5)
+    scaled = y / torch.where(peak > 0, peak, 1.0)
+    # nn.functional.normalize(scaled, dim=1, eps=0.5), the same bits in fewer operators.
+    # After the division every non-zero row has norm >= 1, so 0.5 only keeps zero rows at
+    # zero (normalize's default 1e-12 underflows to 0 in float16 and gives 0 / 0 = NaN)
+    unit: Tensor = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True).clamp_min(0.5)
+    return unit
 
 
 class AffineStitch(Stitch):
@@ -724,8 +727,8 @@ class LocalStitch(Stitch):
         # the weighted sum over the neighbours, added in a fixed order (a fresh copy)
         values = self.values.float()
         neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)
-        weighted = neighbours.mul_(weights.unsqueeze(2)).transpose(1, 2)  # (n, d_tgt, k)
-        return fixed_order_sum(weighted), top
+        weighted = neighbours.mul_(weights.unsqueeze(2))  # (n, k, d_tgt)
+        return fixed_order_sum(weighted, dim=1), top
 
 
 class GatedStitch(Stitch):
@@ -909,6 +912,11 @@ class GatedStitch(Stitch):
         # off: the full vector), a row the local stitch answers alone blending with zeros; on
         # a GPU for all (finding the rows would read them back: a synchronisation)
         general = (a < 1).nonzero().flatten() if a.device.type == "cpu" else None
+        if general is not None and not len(general):
+            # a = 1 everywhere (in-domain queries): the blend would add (1 - 1) * 0, which
+            # changes nothing but a -0 into +0, and adding the target mean back (every
+            # caller does) makes both +0
+            return y_domain - self.target_mean, top
         if general is None or len(general) == len(a):
             y_general = forward_batch_invariant(self.general, x)
         else:

@@ -31,9 +31,10 @@ from lead.stitches import Stitch
 
 __all__ = [
     "UNIT_NORM_TOLERANCE",
-    "count_rescaled",
     "expects_unit_input",
     "normalize_input",
+    "normalize_input_rows",
+    "rescaled_rows",
     "scale_to_unit",
     "zero_vector_error",
 ]
@@ -74,8 +75,8 @@ def _off_unit(work: Tensor) -> Tensor:
     return off
 
 
-def count_rescaled(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> int:
-    """How many rows of ``x`` :func:`normalize_input` would rescale (without scaling).
+def rescaled_rows(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> Tensor | None:
+    """Which rows of ``x`` :func:`normalize_input` would rescale (without scaling).
 
     Parameters
     ----------
@@ -88,12 +89,14 @@ def count_rescaled(stitch: Stitch, x: Tensor, *, inverse: bool = False) -> int:
 
     Returns
     -------
-    int
-        The ``rescaled`` that :func:`normalize_input` returns for the same arguments.
+    Tensor of shape (n,), bool, or None
+        On ``x``'s device, true for the rows whose L2 norm differs from 1 by more than
+        :data:`UNIT_NORM_TOLERANCE`; None when the stitch takes inputs of any length (or
+        ``x`` is empty).
     """
     if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
-        return 0
-    return int(_off_unit(_working(x)).sum())
+        return None
+    return _off_unit(_working(x)).flatten()
 
 
 def zero_vector_error(row: int, param: str = "input") -> ZeroVectorError:
@@ -190,14 +193,41 @@ def normalize_input(
     would overflow or underflow (entries above ~1e19 or below ~1e-19 in float32) are
     normalised exactly.
     """
+    x, rows = normalize_input_rows(stitch, x, inverse=inverse, param=param)
+    return x, 0 if rows is None else int(rows.sum())
+
+
+def normalize_input_rows(
+    stitch: Stitch, x: Tensor, *, inverse: bool = False, param: str = "input"
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`normalize_input`, saying which rows it rescaled rather than how many (the
+    service splits one forward's answer between micro-batched requests).
+
+    Parameters
+    ----------
+    stitch, x, inverse, param
+        As :func:`normalize_input`.
+
+    Returns
+    -------
+    x : Tensor of shape (n, d)
+        As :func:`normalize_input`.
+    rescaled : Tensor of shape (n,), bool, or None
+        On ``x``'s device, true for the rows rescaled; None when none was (or the stitch
+        takes inputs of any length).
+
+    Raises
+    ------
+    ZeroVectorError
+        As :func:`normalize_input`.
+    """
     if not expects_unit_input(stitch, inverse=inverse) or x.shape[0] == 0:
-        return x, 0
+        return x, None
     work = _working(x)
     off = _off_unit(work)
-    rescaled = int(off.sum())
-    if rescaled == 0:
-        return x, 0
+    if not bool(off.any()):
+        return x, None
     scaled, zero = _rescale(work, off)
     if bool(zero.any()):
         raise zero_vector_error(int(zero.flatten().nonzero()[0]), param)
-    return scaled.to(x.dtype), rescaled
+    return scaled.to(x.dtype), off.flatten()

@@ -41,7 +41,7 @@ import torch
 
 from lead.errors import LeadError
 from service.observability import Metrics
-from service.routing import Route
+from service.routing import Route, Translation
 
 __all__ = ["MicroBatcher"]
 
@@ -51,7 +51,7 @@ class _Pending:
     route: Route
     x: np.ndarray
     normalize: bool
-    future: asyncio.Future[np.ndarray]
+    future: asyncio.Future[Translation]
     key: tuple[object, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,11 +120,22 @@ class MicroBatcher:
         LeadError
             What ``route.translate`` raises for ``x`` alone.
         """
+        return (await self.run(route, x, normalize=normalize)).vectors
+
+    async def run(self, route: Route, x: np.ndarray, *, normalize: bool) -> Translation:
+        """``route.run(x, normalize=normalize)``: :meth:`translate`, with the rows of ``x``
+        that were scaled to unit length.
+
+        Raises
+        ------
+        LeadError
+            What ``route.run`` raises for ``x`` alone.
+        """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use, or a new event loop (tests): start afresh
             self._loop, self._wake, self._pending = loop, asyncio.Event(), []
             self._worker = None
-        future: asyncio.Future[np.ndarray] = loop.create_future()
+        future: asyncio.Future[Translation] = loop.create_future()
         self._pending.append(_Pending(route, x, normalize, future))
         self._wake.set()
         if self._worker is None or self._worker.done():
@@ -184,13 +195,11 @@ class MicroBatcher:
         self._pending = rest
         return batch
 
-    async def _forward(self, route: Route, x: np.ndarray, normalize: bool) -> np.ndarray:
+    async def _forward(self, route: Route, x: np.ndarray, normalize: bool) -> Translation:
         if len(x) <= self.inline_vectors:
-            return route.translate(x, normalize=normalize)
+            return route.run(x, normalize=normalize)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, lambda: route.translate(x, normalize=normalize)
-        )
+        return await loop.run_in_executor(self._executor, lambda: route.run(x, normalize=normalize))
 
     async def _execute(self, batch: list[_Pending]) -> None:
         first = batch[0]
@@ -199,7 +208,7 @@ class MicroBatcher:
             self._metrics.batch_vectors.observe(len(x))
             self._metrics.batch_requests.observe(len(batch))
         try:
-            y = await self._forward(first.route, x, first.normalize)
+            answer = await self._forward(first.route, x, first.normalize)
         except LeadError as error:
             if len(batch) == 1:
                 _settle(first, error=error)
@@ -216,12 +225,12 @@ class MicroBatcher:
             return
         start = 0
         for pending in batch:
-            _settle(pending, y[start : start + len(pending.x)])
+            _settle(pending, answer.rows(start, start + len(pending.x)))
             start += len(pending.x)
 
 
 def _settle(
-    pending: _Pending, value: np.ndarray | None = None, *, error: BaseException | None = None
+    pending: _Pending, value: Translation | None = None, *, error: BaseException | None = None
 ) -> None:
     if pending.future.done():  # the caller went away
         return

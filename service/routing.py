@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -31,9 +31,10 @@ from lead.errors import (
 )
 from lead.stitches import InvertibleStitch, Stitch, oriented, unit_rows
 from lead.unit_input import (
-    count_rescaled,
     expects_unit_input,
     normalize_input,
+    normalize_input_rows,
+    rescaled_rows,
     scale_to_unit,
     zero_vector_error,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Origin",
     "Route",
     "StitchEntry",
+    "Translation",
     "probe_stitch",
     "serving_copy",
     "shortest_chain",
@@ -96,6 +98,35 @@ class StitchEntry:
     @property
     def target_model(self) -> str:
         return self.stitch.info.target_model
+
+
+class Translation(NamedTuple):
+    """What :meth:`Route.run` answers for ``n`` input rows."""
+
+    #: (n, d_tgt) float32, finite.
+    vectors: np.ndarray
+    #: (n,) float32 in [0, 1], with ``scored`` (else None).
+    confidence: np.ndarray | None = None
+    #: (n,) bool, with ``scored`` (else None).
+    out_of_distribution: np.ndarray | None = None
+    #: (n,) bool: the rows scaled to unit length before the first stitch (None: no row).
+    rescaled: np.ndarray | None = None
+
+    @property
+    def rescaled_inputs(self) -> int:
+        """How many rows were scaled to unit length before the first stitch."""
+        return 0 if self.rescaled is None else int(self.rescaled.sum())
+
+    def rows(self, start: int, stop: int) -> Translation:
+        """The answer for input rows ``start:stop``."""
+        rows = slice(start, stop)
+        confidence, ood, rescaled = self.confidence, self.out_of_distribution, self.rescaled
+        return Translation(
+            self.vectors[rows],
+            None if confidence is None else confidence[rows],
+            None if ood is None else ood[rows],
+            None if rescaled is None else rescaled[rows],
+        )
 
 
 @dataclass(frozen=True)
@@ -158,12 +189,6 @@ class Route:
         unit-length vectors of the route's source model)."""
         return expects_unit_input(self.entries[0].stitch, inverse=self.inverse)
 
-    def rescaled(self, x: np.ndarray) -> int:
-        """How many rows of ``x`` the route scales to unit length before its first stitch
-        (0 unless :attr:`input_normalized`)."""
-        first = self.entries[0].stitch
-        return count_rescaled(first, torch.from_numpy(x), inverse=self.inverse)
-
     def translate(self, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
         """Apply the stitch (or chain) to ``x``, batch-invariantly: each output row is
         bit-identical whatever the other rows of ``x`` and the thread count
@@ -192,7 +217,7 @@ class Route:
         NonFiniteOutputError
             If any output row has NaN or infinity (the row is named).
         """
-        return self._run(x, normalize=normalize, scored=False)[0]
+        return self.run(x, normalize=normalize).vectors
 
     def confidence_problem(self) -> str | None:
         """Why the route cannot give a confidence per vector, or None when it can: every
@@ -229,29 +254,48 @@ class Route:
         ZeroVectorError, NonFiniteOutputError
             As :meth:`translate`.
         """
-        problem = self.confidence_problem()
-        if problem is not None:
-            raise NoConfidenceError(problem, param="return_confidence")
-        y, confidence, ood = self._run(x, normalize=normalize, scored=True)
+        y, confidence, ood, _ = self.run(x, normalize=normalize, scored=True)
         assert confidence is not None and ood is not None
         return y, confidence, ood
 
-    def _run(
-        self, x: np.ndarray, *, normalize: bool, scored: bool
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def run(self, x: np.ndarray, *, normalize: bool = False, scored: bool = False) -> Translation:
+        """:meth:`translate` (:meth:`translate_scored` when ``scored``), with the rows the
+        route scaled to unit length before its first stitch: what an answer's
+        ``rescaled_inputs`` counts, known from the forward's own check (no second pass).
+
+        Raises
+        ------
+        NoConfidenceError
+            With ``scored``, as :meth:`translate_scored`.
+        ZeroVectorError, NonFiniteOutputError
+            As :meth:`translate`.
+        """
+        if scored:
+            problem = self.confidence_problem()
+            if problem is not None:
+                raise NoConfidenceError(problem, param="return_confidence")
         zeros: list[tuple[int, Tensor]] = []
         confidence: Tensor | None = None
         ood: Tensor | None = None
+        rescaled: Tensor | None = None
         with torch.inference_mode():
             y = _to_device(x, self.device)
             for hop, entry in enumerate(self.entries):
                 if self.sync_free:
+                    if hop == 0:  # from the host copy: nothing read back from the device
+                        host = torch.from_numpy(x)
+                        rescaled = rescaled_rows(entry.stitch, host, inverse=self.inverse)
                     y, zero = scale_to_unit(entry.stitch, y, inverse=self.inverse)
                     if zero is not None:
                         zeros.append((hop, zero))
                 else:
                     try:
-                        y, _ = normalize_input(entry.stitch, y, inverse=self.inverse)
+                        if hop == 0:
+                            y, rescaled = normalize_input_rows(
+                                entry.stitch, y, inverse=self.inverse
+                            )
+                        else:
+                            y, _ = normalize_input(entry.stitch, y, inverse=self.inverse)
                     except ZeroVectorError as error:
                         raise self._zero_row(hop, error.row) from None
                 source = y.to(entry.dtype)
@@ -278,9 +322,10 @@ class Route:
                 "(are its values far outside the source model's range?)",
                 param=f"input[{row}]",
             )
+        rows = None if rescaled is None else rescaled.numpy()
         if not scores:
-            return out, None, None
-        return out, scores[0], scores[1]
+            return Translation(out, rescaled=rows)
+        return Translation(out, scores[0], scores[1], rows)
 
     def _zero_row(self, hop: int, row: int) -> ZeroVectorError:
         """The error for ``input[row]`` reaching stitch number ``hop`` as a zero vector."""

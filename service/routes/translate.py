@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import orjson
 import torch
 from fastapi import APIRouter, Request
@@ -35,7 +34,7 @@ from service.jobs.schemas import AlignRequest, JobCreate
 from service.observability import Metrics
 from service.registry import StitchRegistry
 from service.routes.translate_openapi import ARROW_ANSWER, REQUEST_BODY
-from service.routing import Route
+from service.routing import Route, Translation
 from service.schemas import (
     TranslateRequest,
     TranslateResponse,
@@ -88,27 +87,18 @@ def _count_vectors(metrics: Metrics, route: Route, n: int) -> None:
         metrics.vectors.labels(entry.id).inc(n)
 
 
-def _render(
-    options: TranslateFields, route: Route, x: np.ndarray, y: np.ndarray, metrics: Metrics
-) -> bytes:
-    """The response body for ``y``, the translation of ``x``."""
-    rest = _answer_fields(route, route.rescaled(x), len(y))
+def _render(options: TranslateFields, route: Route, answer: Translation, metrics: Metrics) -> bytes:
+    """The response body for ``answer`` (with confidences when it has them)."""
+    rest = _answer_fields(route, answer.rescaled_inputs, len(answer.vectors))
     # {"object": "list", "data": [...], **rest}, with the (large) data array pre-rendered
     before, after = b'{"object":"list","data":', b"," + orjson.dumps(rest)[1:]
-    content = render_embeddings(y, options.encoding_format, before=before, after=after)
-    _count_vectors(metrics, route, len(y))
-    return content
-
-
-def _render_scored(
-    options: TranslateFields, route: Route, x: np.ndarray, metrics: Metrics
-) -> bytes:
-    """Translate ``x`` with a confidence per vector and render the answer
-    (``"return_confidence": true``; never micro-batched)."""
-    y, confidence, ood = route.translate_scored(x, normalize=options.normalize)
-    rest = _answer_fields(route, route.rescaled(x), len(y))
-    before, after = b'{"object":"list","data":', b"," + orjson.dumps(rest)[1:]
-    content = render_scored(y, confidence, ood, options.encoding_format, before=before, after=after)
+    y, confidence, ood = answer.vectors, answer.confidence, answer.out_of_distribution
+    if confidence is None or ood is None:
+        content = render_embeddings(y, options.encoding_format, before=before, after=after)
+    else:
+        content = render_scored(
+            y, confidence, ood, options.encoding_format, before=before, after=after
+        )
     _count_vectors(metrics, route, len(y))
     return content
 
@@ -119,10 +109,8 @@ def _translate(
     """Decode, translate and render a large request in one go (in a worker thread)."""
     _use_torch_threads(settings)
     options, x, route = decode_request(body, registry, settings.max_vectors)
-    if options.return_confidence:
-        return _render_scored(options, route, x, metrics)
-    y = route.translate(x, normalize=options.normalize)
-    return _render(options, route, x, y, metrics)
+    answer = route.run(x, normalize=options.normalize, scored=options.return_confidence)
+    return _render(options, route, answer, metrics)
 
 
 def _translate_arrow(
@@ -137,12 +125,12 @@ def _translate_arrow(
     options = arrow_io.query_options(query)
     route = find_route(registry, options)
     request = arrow_io.read_vectors(body, route.d_src, settings.max_vectors_arrow)
-    scores = None
-    if options.return_confidence:
-        y, *scores = route.translate_scored(request.vectors, normalize=options.normalize)
-    else:
-        y = route.translate(request.vectors, normalize=options.normalize)
-    fields = _answer_fields(route, route.rescaled(request.vectors), len(y))
+    answer = route.run(
+        request.vectors, normalize=options.normalize, scored=options.return_confidence
+    )
+    y, confidence, ood, _ = answer
+    scores = None if confidence is None or ood is None else [confidence, ood]
+    fields = _answer_fields(route, answer.rescaled_inputs, len(y))
     content = arrow_io.write_vectors(request, y, fields, scores=scores)
     _count_vectors(metrics, route, len(y))
     return memoryview(content)
@@ -212,11 +200,11 @@ async def translate(request: Request) -> Response:
         body = await _read_body(request)
     async with ctx.small_limiter.slot(settings.retry_after_seconds, weight=len(body)):
         options, x, route = decode_request(body, registry, settings.max_vectors)
-        if options.return_confidence:
-            content = _render_scored(options, route, x, metrics)
+        if options.return_confidence:  # never micro-batched
+            answer = route.run(x, normalize=options.normalize, scored=True)
         else:
-            y = await ctx.batcher.translate(route, x, normalize=options.normalize)
-            content = _render(options, route, x, y, metrics)
+            answer = await ctx.batcher.run(route, x, normalize=options.normalize)
+        content = _render(options, route, answer, metrics)
     return Response(content, media_type="application/json")
 
 

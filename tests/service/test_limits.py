@@ -18,7 +18,7 @@ import pytest
 from service_helpers import b64, hold_one_request
 
 from service.app import create_app
-from service.routing import Route
+from service.routing import Route, Translation
 from service.settings import Settings
 
 
@@ -35,13 +35,15 @@ def test_over_the_concurrency_limit_is_429(
     )
     app = create_app(settings)
     release = threading.Event()
-    original = Route.translate
+    original = Route.run
 
-    def slow_translate(self: Route, x: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+    def slow_run(
+        self: Route, x: np.ndarray, *, normalize: bool = False, scored: bool = False
+    ) -> Translation:
         assert release.wait(10), "the test never released the first request"
-        return original(self, x, normalize=normalize)
+        return original(self, x, normalize=normalize, scored=scored)
 
-    monkeypatch.setattr(Route, "translate", slow_translate)
+    monkeypatch.setattr(Route, "run", slow_run)
     body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:2])}
 
     async def health_while_held(http: httpx.AsyncClient) -> None:

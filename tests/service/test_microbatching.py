@@ -21,7 +21,7 @@ from lead.errors import ZeroVectorError
 from service.app import create_app
 from service.batcher import MicroBatcher
 from service.observability import Metrics
-from service.routing import Route
+from service.routing import Route, Translation
 from service.settings import Settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -188,6 +188,42 @@ def test_batch_sizes_are_in_metrics_and_batching_can_be_switched_off(
     assert "# TYPE lead_microbatch_requests histogram" in text
 
 
+def test_each_request_of_a_shared_forward_counts_its_own_rescaled_rows(
+    scifact_small: Any,
+) -> None:
+    """``rescaled_inputs`` comes from the forward's own unit-length check: split back per
+    request like the vectors, not the whole batch's count."""
+    x = _vectors(scifact_small)[:9]
+    parts = [x[:3].copy(), x[3:6].copy(), x[6:9].copy()]
+    parts[1][[0, 2]] *= 3.0  # two rows off unit length
+    parts[2][1] *= 0.5  # one
+    app = create_app(_settings())
+    metrics = Metrics()
+    batcher = MicroBatcher(max_vectors=256, max_wait_s=0.0, metrics=metrics)
+
+    async def main() -> list[Translation]:
+        async with app.router.lifespan_context(app):
+            route = _route(app)
+            return await asyncio.gather(
+                *(batcher.run(route, part, normalize=False) for part in parts)
+            )
+
+    answers = asyncio.run(main())
+    batcher.close()
+    shared = metrics.registry.get_sample_value("lead_microbatch_requests_sum")
+    assert (
+        shared == 3 and metrics.registry.get_sample_value("lead_microbatch_requests_count") == 1
+    ), "the three requests did not share one forward"
+    assert [a.rescaled_inputs for a in answers] == [0, 2, 1]
+    assert answers[0].rescaled is None or not answers[0].rescaled.any()
+    np.testing.assert_array_equal(answers[1].rescaled, [True, False, True])
+    route = _route(app)
+    for part, answer in zip(parts, answers, strict=True):
+        alone = route.run(part)
+        assert alone.rescaled_inputs == answer.rescaled_inputs
+        assert alone.vectors.tobytes() == answer.vectors.tobytes()
+
+
 def test_a_failing_retry_does_not_strand_the_rest_of_the_batch(
     scifact_small: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,27 +232,29 @@ def test_a_failing_retry_does_not_strand_the_rest_of_the_batch(
     others their answers; nobody waits forever."""
     x = _vectors(scifact_small)[:3]
     app = create_app(_settings())
-    original = Route.translate
+    original = Route.run
 
-    def translate(self: Route, rows: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+    def run(
+        self: Route, rows: np.ndarray, *, normalize: bool = False, scored: bool = False
+    ) -> Translation:
         if len(rows) > 1:
             raise ZeroVectorError("shared forward refused", row=0, param="input[0]")
         if np.array_equal(rows, x[1:2]):
             raise RuntimeError("device lost")
-        return original(self, rows, normalize=normalize)
+        return original(self, rows, normalize=normalize, scored=scored)
 
     batcher = MicroBatcher(max_vectors=256, max_wait_s=0.0)
 
     async def main() -> list[Any]:
         async with app.router.lifespan_context(app):
             route = _route(app)
-            monkeypatch.setattr(Route, "translate", translate)
+            monkeypatch.setattr(Route, "run", run)
             jobs = [batcher.translate(route, x[i : i + 1], normalize=False) for i in range(3)]
             return await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 10)
 
     first, second, third = asyncio.run(main())
     batcher.close()
-    monkeypatch.setattr(Route, "translate", original)
+    monkeypatch.setattr(Route, "run", original)
     assert isinstance(second, RuntimeError)
     route = _route(app)
     np.testing.assert_array_equal(first, route.translate(x[:1]))
@@ -231,14 +269,16 @@ def test_bulk_requests_do_not_starve_small_ones(
     x = _vectors(scifact_small)
     app = create_app(_settings(max_translate_bytes_in_flight=256 * 1024))
     release = threading.Event()
-    original = Route.translate
+    original = Route.run
 
-    def held(self: Route, rows: np.ndarray, *, normalize: bool = False) -> np.ndarray:
+    def held(
+        self: Route, rows: np.ndarray, *, normalize: bool = False, scored: bool = False
+    ) -> Translation:
         if len(rows) > 100:  # the bulk request: held until the small ones have answered
             assert release.wait(10), "the test never released the bulk request"
-        return original(self, rows, normalize=normalize)
+        return original(self, rows, normalize=normalize, scored=scored)
 
-    monkeypatch.setattr(Route, "translate", held)
+    monkeypatch.setattr(Route, "run", held)
     bulk = {"stitch": STITCH, "input": b64(x), "encoding_format": "base64"}  # ~0.5 MB
     small = {"stitch": STITCH, "input": b64(x[:1]), "encoding_format": "base64"}
 

@@ -48,4 +48,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
 
 # LEAD_WORKERS server processes; with more than 1, /metrics sums them (prometheus_dir.sh)
-CMD ["sh", "-c", "python -m service.settings_check && . scripts/prometheus_dir.sh && exec uvicorn service.app:create_app --factory --host 0.0.0.0 --port 8000 --workers ${LEAD_WORKERS:-1} --timeout-keep-alive ${LEAD_KEEP_ALIVE_S:-75} --loop service.event_loop:new_event_loop"]
+CMD ["sh", "-c", "python -m service.settings_check && . scripts/prometheus_dir.sh && exec uvicorn service.app:create_app --factory --host 0.0.0.0 --port 8000 --workers ${LEAD_WORKERS:-1} --timeout-keep-alive ${LEAD_KEEP_ALIVE_S:-75} --loop service.event_loop:new_event_loop --http service.http_protocol:BoundedHttpToolsProtocol"]

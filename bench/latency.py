@@ -189,6 +189,8 @@ def _serve(root: Path, data_dir: Path, stitch_dir: Path) -> tuple[subprocess.Pop
     command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
     if (root / "service" / "event_loop.py").is_file():  # as scripts/serve.sh runs it
         command += ["--loop", "service.event_loop:new_event_loop"]
+    if (root / "service" / "http_protocol.py").is_file():
+        command += ["--http", "service.http_protocol:BoundedHttpToolsProtocol"]
     proc = subprocess.Popen(command, cwd=root, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

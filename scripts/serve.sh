@@ -13,4 +13,4 @@ bash scripts/setup.sh "${LEAD_EXTRAS:-service}"
 # the loop polls its sockets briefly before sleeping (LEAD_BUSY_POLL_US; service/event_loop.py)
 exec "${LEAD_VENV:-.venv}/bin/uvicorn" service.app:create_app --factory --host "${HOST:-127.0.0.1}" \
   --port "${PORT:-8000}" --workers "${LEAD_WORKERS:-1}" --timeout-keep-alive "${LEAD_KEEP_ALIVE_S:-75}" \
-  --loop service.event_loop:new_event_loop
+  --loop service.event_loop:new_event_loop --http service.http_protocol:BoundedHttpToolsProtocol

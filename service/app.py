@@ -58,7 +58,8 @@ stitches. Responses follow the OpenAI embeddings conventions; every error has th
 and the key's scope must cover the route (403 otherwise): `translate` keys may read (info,
 stitches and their files), translate and score alignment; `admin` keys may also manage
 datasets and jobs and delete stitches. Each operation names its scope in its security
-requirement.
+requirement. On any route, a request line and headers beyond `LEAD_MAX_HEADER_BYTES` (64 KiB
+by default) get 431 `headers_too_large` and the connection is closed.
 """
 
 

@@ -135,6 +135,16 @@ class Settings(BaseSettings):
     )
     max_vectors: int = Field(default=2048, ge=1, description="Vectors per translate request.")
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1, description="Request body bytes.")
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=8 * 1024,
+        le=16 * 1024 * 1024,
+        description="A request's line and headers, in bytes: beyond it 431 "
+        "`headers_too_large` and the connection closed, before the rest is read into memory "
+        "(service.http_protocol). Needs uvicorn's `--http "
+        "service.http_protocol:BoundedHttpToolsProtocol`, as scripts/serve.sh and the image "
+        "pass it.",
+    )
     max_vectors_arrow: int = Field(
         default=65_536,
         ge=1,

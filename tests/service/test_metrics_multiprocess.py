@@ -57,6 +57,7 @@ def two_workers(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
     command += ["--log-level", "warning", "--no-access-log"]
     command += ["--loop", "service.event_loop:new_event_loop"]  # as scripts/serve.sh runs it
+    command += ["--http", "service.http_protocol:BoundedHttpToolsProtocol"]
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)

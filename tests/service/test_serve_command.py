@@ -25,3 +25,16 @@ def test_uvicorn_options_come_from_the_settings_with_their_defaults(
     found = re.search(rf'{option} "?\$\{{{variable}:-([^}}]+)\}}', text)
     assert found is not None, f"{command} does not pass {option} from {variable}"
     assert found.group(1) == str(Settings.model_fields[field].default)
+
+
+@pytest.mark.parametrize("command", ["scripts/serve.sh", "Dockerfile"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--loop service.event_loop:new_event_loop",  # LEAD_BUSY_POLL_US
+        "--http service.http_protocol:BoundedHttpToolsProtocol",  # LEAD_MAX_HEADER_BYTES
+    ],
+)
+def test_the_server_runs_the_services_loop_and_protocol(command: str, option: str) -> None:
+    """Settings that take effect only through uvicorn's ``--loop`` and ``--http``."""
+    assert option in " ".join((ROOT / command).read_text().split()), f"{command}: {option}"

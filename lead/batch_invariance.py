@@ -162,7 +162,7 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def fixed_order_sum(p: Tensor, dim: int = -1) -> Tensor:
+def fixed_order_sum(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
     """The sum over dimension ``dim``, added in an order fixed by that dimension's length.
 
     Pairwise halving with elementwise additions (the first half plus the second; an odd
@@ -182,11 +182,13 @@ def fixed_order_sum(p: Tensor, dim: int = -1) -> Tensor:
         The dimension summed over. Summing over a contiguous outer dimension (the
         neighbours of ``(n, k, d)`` rows) reads whole rows; over a transposed last one,
         strided columns.
+    keepdim : bool, default False
+        Keep ``dim``, of length 1.
 
     Returns
     -------
     Tensor
-        ``p``'s shape without ``dim``, ``p``'s dtype.
+        ``p``'s shape without ``dim`` (or with it of length 1), ``p``'s dtype.
     """
     while (width := p.shape[dim]) > 1:
         half = width // 2
@@ -196,7 +198,7 @@ def fixed_order_sum(p: Tensor, dim: int = -1) -> Tensor:
         else:
             first, second = p.split_with_sizes((half, half), dim)
             p = first + second
-    return p.squeeze(dim)
+    return p if keepdim else p.squeeze(dim)
 
 
 def half_keys(keys: Tensor) -> Tensor | None:
@@ -245,10 +247,10 @@ class QuantizedKeys(NamedTuple):
 
 
 def _int8_codes(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row's symmetric int8 codes and step (``max |row| / 127``), float32 rows that
-    are not all zero."""
-    step = x.abs().amax(dim=1) / _INT8_LEVELS
-    codes = torch.round(x / step.unsqueeze(1)).clamp_(-_INT8_LEVELS, _INT8_LEVELS)
+    """Each row's symmetric int8 codes and step (``max |row| / 127``, shape (n, 1)), float32
+    rows that are not all zero."""
+    step = x.abs().amax(dim=1, keepdim=True) / _INT8_LEVELS
+    codes = torch.round(x / step).clamp_(-_INT8_LEVELS, _INT8_LEVELS)
     return codes.to(torch.int8), step
 
 
@@ -332,8 +334,8 @@ def quantized_keys(keys: Tensor, k: int) -> QuantizedKeys | None:
 def _quantized(keys: Tensor) -> QuantizedKeys:
     """Float32 keys, none all zero, as :class:`QuantizedKeys`."""
     codes, step = _int8_codes(keys)
-    residual = (keys.double() - codes.double() * step.double().unsqueeze(1)).norm(dim=1)
-    return QuantizedKeys(codes, step, float(residual.max()))
+    residual = (keys.double() - codes.double() * step.double()).norm(dim=1)
+    return QuantizedKeys(codes, step.squeeze(1), float(residual.max()))
 
 
 def _int8_first(x: Tensor, quantized: QuantizedKeys) -> tuple[Tensor, Tensor]:
@@ -349,8 +351,8 @@ def _int8_first(x: Tensor, quantized: QuantizedKeys) -> tuple[Tensor, Tensor]:
     codes, step = _int8_codes(x)
     # int32 to float32 is exact below 2**24 (d <= 1,040) and rounds by 2**-24 above
     scores = torch._int_mm(codes, quantized.codes.T) * quantized.step
-    scores.mul_(step.unsqueeze(1))
-    off = (x - codes.float().mul_(step.unsqueeze(1))).norm(dim=1)
+    scores.mul_(step)
+    off = torch.linalg.vector_norm(x - codes.float().mul_(step), dim=1)
     slack = 1 + 1e-3
     per_off = 2 * slack * (_KEY_NORM + quantized.residual)
     fixed = 2 * (slack * quantized.residual + 1e-6 + _first_scoring_error(x.shape[1], False))
@@ -500,18 +502,30 @@ def _rescored(x: Tensor, keys: Tensor, candidates: Tensor, k: int) -> tuple[Tens
     """The ``k`` highest :func:`fixed_order_sum` cosines of each row of ``x`` among its
     candidate keys (one row of them each), ties to the lower key index; in blocks of rows
     that hold at most :data:`_RESCORE_FLOATS` products."""
-    d = keys.shape[1]
     candidates = candidates.sort(dim=1).values  # key order: the stable sort keeps it for ties
-    block = max(1, _RESCORE_FLOATS // (candidates.shape[1] * d))
+    block = max(1, _RESCORE_FLOATS // (candidates.shape[1] * keys.shape[1]))
+    if len(x) <= block:  # one block (a lone vector): no slicing, no outputs to fill
+        return _rescored_block(x, keys, candidates, k)
     cosines, index = _top_k_outputs(x, k)
     for i in range(0, len(x), block):
-        near = candidates[i : i + block]
-        chosen = keys.index_select(0, near.flatten()).view(*near.shape, d)
-        exact = fixed_order_sum(chosen.mul_(x[i : i + block].unsqueeze(1)))
-        order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
-        torch.gather(exact, 1, order, out=cosines[i : i + block])
-        torch.gather(near, 1, order, out=index[i : i + block])
+        rows = slice(i, i + block)
+        _rescored_block(x[rows], keys, candidates[rows], k, out=(cosines[rows], index[rows]))
     return cosines, index
+
+
+def _rescored_block(
+    x: Tensor, keys: Tensor, near: Tensor, k: int, out: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`_rescored` of one block of rows (``near``: their candidates, in key order),
+    written into ``out`` when given."""
+    chosen = keys.index_select(0, near.flatten()).view(*near.shape, keys.shape[1])
+    exact = fixed_order_sum(chosen.mul_(x.unsqueeze(1)))
+    order = exact.sort(dim=1, descending=True, stable=True).indices[:, :k]
+    if out is None:
+        return exact.gather(1, order), near.gather(1, order)
+    torch.gather(exact, 1, order, out=out[0])
+    torch.gather(near, 1, order, out=out[1])
+    return out
 
 
 def _top_k_outputs(x: Tensor, k: int) -> tuple[Tensor, Tensor]:

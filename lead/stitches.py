@@ -723,7 +723,7 @@ class LocalStitch(Stitch):
         inverse_t = 1.0 / self.temperature
         weights = torch.exp((top - shift) * inverse_t)
         sink = torch.exp((self.sink - shift) * inverse_t)
-        weights = weights / (fixed_order_sum(weights).unsqueeze(1) + sink)
+        weights = weights / (fixed_order_sum(weights, keepdim=True) + sink)
         # the weighted sum over the neighbours, added in a fixed order (a fresh copy)
         values = self.values.float()
         neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)

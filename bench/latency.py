@@ -17,6 +17,8 @@ ratios hold on a shared, noisy machine. Each round, against a fresh uvicorn proc
   microseconds) and with ``httpx.Client`` (what a Python client adds: ~0.3-0.4 ms per
   call); for the socket client also the server process's CPU time per request (from
   ``/proc``), which moves less than latency when other work shares the machine;
+* **torch operators per request** (:mod:`bench.operators`, once per server): what a lone
+  vector's forward mostly costs on the CPU, and a count that machine noise leaves alone;
 * **64 concurrent clients** (one asyncio process, a keep-alive connection each, each
   sending its next request when the previous answered): total requests/s, p50 / p99, the
   statuses (429s counted: the default admission limits apply), and the ratio of their
@@ -238,6 +240,15 @@ def measure(
     }
 
 
+def operators(root: Path, stitch_dir: Path, vector: str) -> float:
+    """Torch operators per single-vector request with the code under ``root``
+    (:mod:`bench.operators`, in a fresh process)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    command = [sys.executable, "-m", "bench.operators", str(stitch_dir), vector]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
 def _export(revision: str, into: Path) -> Path:
     archive = subprocess.run(
         ["git", "archive", revision, "service", "lead"], cwd=REPO, capture_output=True, check=True
@@ -288,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             for folder in stitches
         }
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+        counted = {
+            name: operators(root, folder, args.vector) for name, (root, folder) in runs.items()
+        }
         for i in range(args.rounds):
             for name, (root, folder) in runs.items():
                 log(f"latency round {i + 1}/{args.rounds}: {name}")
@@ -312,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in measured[0]
         }
         result["servers"][name] = {"median_of_rounds": summary, "rounds": measured}
+        result["servers"][name]["torch_operators_per_request"] = counted[name]
         result["servers"][name]["same_answer_every_round"] = len(answers) == 1
         log(f"{name}: " + orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     path = write_result("latency", result)

@@ -187,3 +187,14 @@ def test_stsb_gold_scores_every_bundled_stitch_against_the_gold_column(tmp_path:
             row["mixed_spearman_similarity"] / row["target_native_spearman_similarity"]
         )
         assert row["meets_goal"] == (row["mixed_ratio"] >= 0.85)
+
+
+def test_operators_counts_the_same_real_work_for_each_request_kind() -> None:
+    """bench.operators counts what a request runs: the same count twice, and more for an
+    out-of-distribution vector (the gated stitch's MLP runs too) than for an in-domain one."""
+    from bench.operators import operators_per_request
+
+    stitch = REPO / "models" / "minilm-to-mpnet"
+    query = operators_per_request(stitch, "query")
+    assert query == operators_per_request(stitch, "query")
+    assert 20 < query < operators_per_request(stitch, "gaussian")

@@ -32,7 +32,6 @@ from lead.errors import (
 from lead.stitches import InvertibleStitch, Stitch, oriented, unit_rows
 from lead.unit_input import (
     expects_unit_input,
-    normalize_input,
     normalize_input_rows,
     rescaled_rows,
     scale_to_unit,
@@ -290,14 +289,11 @@ class Route:
                         zeros.append((hop, zero))
                 else:
                     try:
-                        if hop == 0:
-                            y, rescaled = normalize_input_rows(
-                                entry.stitch, y, inverse=self.inverse
-                            )
-                        else:
-                            y, _ = normalize_input(entry.stitch, y, inverse=self.inverse)
+                        y, rows = normalize_input_rows(entry.stitch, y, inverse=self.inverse)
                     except ZeroVectorError as error:
                         raise self._zero_row(hop, error.row) from None
+                    if hop == 0:
+                        rescaled = rows
                 source = y.to(entry.dtype)
                 # confidence_problem() checked every head (and the direction)
                 if scored and entry.stitch.confidence_head is not None:
@@ -322,10 +318,10 @@ class Route:
                 "(are its values far outside the source model's range?)",
                 param=f"input[{row}]",
             )
-        rows = None if rescaled is None else rescaled.numpy()
+        first = None if rescaled is None else rescaled.numpy()
         if not scores:
-            return Translation(out, rescaled=rows)
-        return Translation(out, scores[0], scores[1], rows)
+            return Translation(out, rescaled=first)
+        return Translation(out, scores[0], scores[1], first)
 
     def _zero_row(self, hop: int, row: int) -> ZeroVectorError:
         """The error for ``input[row]`` reaching stitch number ``hop`` as a zero vector."""

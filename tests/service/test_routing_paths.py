@@ -61,6 +61,12 @@ def test_sync_free_path_gives_the_same_bytes(
     for normalize in (False, True):
         expected = synced.translate(x, normalize=normalize)
         assert free.translate(x, normalize=normalize).tobytes() == expected.tobytes()
+    # the rows scaled to unit length before the first stitch: the answer's rescaled_inputs
+    for route in (synced, free):
+        answer = route.run(x)
+        assert answer.rescaled is not None
+        np.testing.assert_array_equal(np.flatnonzero(answer.rescaled), np.arange(0, len(x), 3))
+        assert answer.rescaled_inputs == len(x[::3])
 
 
 def test_sync_free_path_names_the_same_zero_rows(scifact_small: Any) -> None:

@@ -38,8 +38,9 @@ def free_port() -> int:
 class Server:
     """``uvicorn service.app:create_app --factory`` in a child process, on 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, **env: str) -> None:
+    def __init__(self, data_dir: Path, *, options: tuple[str, ...] = (), **env: str) -> None:
         self.data_dir = data_dir
+        self.options = options  # more uvicorn options
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -67,6 +68,7 @@ class Server:
             str(self.port),
             "--log-level",
             "warning",
+            *self.options,
         ]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=log)

@@ -7,11 +7,7 @@ A real ``uvicorn`` process on a loopback port, started as ``scripts/serve.sh`` s
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +16,7 @@ import httpx
 import orjson
 import pytest
 
-from scripts._harness import free_port
+from scripts._harness import Server
 
 REPO = Path(__file__).resolve().parents[2]
 STITCH = "minilm-to-pml3"  # a bundled stitch (models/)
@@ -30,46 +26,23 @@ LIMIT = 8192
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """(host, port) of the service, its heads bounded to :data:`LIMIT` bytes."""
-    tmp = tmp_path_factory.mktemp("http")
-    port = free_port()
-    env = {
-        **os.environ,
-        "LEAD_STITCHES": orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
-        "LEAD_ENABLE_JOBS": "false",
-        "LEAD_DEVICE": "cpu",
-        "LEAD_LOAD_IN_BACKGROUND": "false",
-        "LEAD_LOG_LEVEL": "WARNING",
-        "LEAD_DATA_DIR": str(tmp / "data"),
-        "LEAD_MAX_HEADER_BYTES": str(LIMIT),
-    }
-    command = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
-    command += ["--loop", "service.event_loop:new_event_loop"]  # as scripts/serve.sh does
-    command += ["--http", "service.http_protocol:BoundedHttpToolsProtocol"]
-    log = tmp / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)
+    running = Server(
+        tmp_path_factory.mktemp("http") / "data",
+        options=(
+            "--no-access-log",
+            "--loop",  # as scripts/serve.sh runs it
+            "service.event_loop:new_event_loop",
+            "--http",
+            "service.http_protocol:BoundedHttpToolsProtocol",
+        ),
+        LEAD_STITCHES=orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
+        LEAD_ENABLE_JOBS="false",
+        LEAD_MAX_HEADER_BYTES=str(LIMIT),
+    ).start()
     try:
-        deadline = time.monotonic() + 120
-        while not _ready(port):
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"not ready in 120 s: {log.read_text()}"
-            time.sleep(0.2)
-        yield "127.0.0.1", port
+        yield "127.0.0.1", running.port
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+        running.stop()
 
 
 def _request(header_bytes: int) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,26 +96,36 @@ def _route(app: Any) -> Any:
     return app.state.registry.route_for_id(STITCH)
 
 
-def test_a_bad_request_in_a_shared_forward_fails_alone(scifact_small: Any) -> None:
-    x = _vectors(scifact_small)[:6]
-    zero = x[:3].copy()
-    zero[1] = 0.0
+def _shared_forwards(
+    calls: Callable[[Route, MicroBatcher], list[Awaitable[Any]]],
+) -> tuple[list[Any], Any, Metrics]:
+    """Await ``calls(route, batcher)`` together, on a fresh app's route and a batcher that
+    does not wait for more: (their results or exceptions, the app, the batcher's metrics)."""
     app = create_app(_settings())
     metrics = Metrics()
     batcher = MicroBatcher(max_vectors=256, max_wait_s=0.0, metrics=metrics)
 
     async def main() -> list[Any]:
         async with app.router.lifespan_context(app):
-            route = _route(app)
-            return await asyncio.gather(
-                batcher.translate(route, x[:3], normalize=False),
-                batcher.translate(route, zero, normalize=False),
-                batcher.translate(route, x[3:], normalize=True),  # another key: own forward
-                return_exceptions=True,
-            )
+            return await asyncio.gather(*calls(_route(app), batcher), return_exceptions=True)
 
-    good, bad, normalized = asyncio.run(main())
-    batcher.close()
+    try:
+        return asyncio.run(main()), app, metrics
+    finally:
+        batcher.close()
+
+
+def test_a_bad_request_in_a_shared_forward_fails_alone(scifact_small: Any) -> None:
+    x = _vectors(scifact_small)[:6]
+    zero = x[:3].copy()
+    zero[1] = 0.0
+    (good, bad, normalized), app, metrics = _shared_forwards(
+        lambda route, batcher: [
+            batcher.translate(route, x[:3], normalize=False),
+            batcher.translate(route, zero, normalize=False),
+            batcher.translate(route, x[3:], normalize=True),  # another key: own forward
+        ]
+    )
     route = _route(app)
     assert isinstance(bad, ZeroVectorError)
     assert bad.param == "input[1]"  # its own row, not the shared batch's row 4
@@ -197,19 +208,9 @@ def test_each_request_of_a_shared_forward_counts_its_own_rescaled_rows(
     parts = [x[:3].copy(), x[3:6].copy(), x[6:9].copy()]
     parts[1][[0, 2]] *= 3.0  # two rows off unit length
     parts[2][1] *= 0.5  # one
-    app = create_app(_settings())
-    metrics = Metrics()
-    batcher = MicroBatcher(max_vectors=256, max_wait_s=0.0, metrics=metrics)
-
-    async def main() -> list[Translation]:
-        async with app.router.lifespan_context(app):
-            route = _route(app)
-            return await asyncio.gather(
-                *(batcher.run(route, part, normalize=False) for part in parts)
-            )
-
-    answers = asyncio.run(main())
-    batcher.close()
+    answers, app, metrics = _shared_forwards(
+        lambda route, batcher: [batcher.run(route, part, normalize=False) for part in parts]
+    )
     shared = metrics.registry.get_sample_value("lead_microbatch_requests_sum")
     assert (
         shared == 3 and metrics.registry.get_sample_value("lead_microbatch_requests_count") == 1

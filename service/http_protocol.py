@@ -4,11 +4,11 @@ uvicorn's httptools protocol (what ``uvicorn[standard]`` runs) keeps a request's
 headers in memory until they are complete, whatever their size: a request with a 200 MB
 ``Authorization`` header raised the server's peak memory by 460 MB and was then answered
 as usual, so a few such requests at once could take the whole machine's memory and the
-service with it. :class:`BoundedHttpToolsProtocol` counts the bytes of each request's head
-as they arrive and, beyond ``LEAD_MAX_HEADER_BYTES`` (64 KiB by default; nginx allows
-4 × 8 KiB, Node.js 16 KiB), answers 431 ``headers_too_large`` in the error envelope and
-closes the connection. The body has its own limits (``LEAD_MAX_BODY_BYTES``, checked by
-the app).
+service with it (and so could the trailer fields after a chunked body, which it holds the
+same way). :class:`BoundedHttpToolsProtocol` counts those bytes as they arrive and, beyond
+``LEAD_MAX_HEADER_BYTES`` (64 KiB by default; nginx allows 4 × 8 KiB, Node.js 16 KiB),
+answers 431 ``headers_too_large`` in the error envelope and closes the connection. The
+body has its own limits (``LEAD_MAX_BODY_BYTES``, checked by the app).
 
 Used through uvicorn's ``--http service.http_protocol:BoundedHttpToolsProtocol``
 (``scripts/serve.sh``, the Docker image).
@@ -47,8 +47,8 @@ def headers_too_large(limit: int) -> bytes:
     """The whole HTTP response refusing a request whose head exceeds ``limit`` bytes: 431
     with the error envelope, and the connection closed."""
     message = (
-        f"the request line and headers exceed {limit} bytes (LEAD_MAX_HEADER_BYTES); send "
-        "large data in the body"
+        f"the request line and headers (or a chunked body's trailers) exceed {limit} bytes "
+        "(LEAD_MAX_HEADER_BYTES); send large data in the body"
     )
     response = error_response(431, "invalid_request_error", "headers_too_large", message)
     head = (
@@ -62,14 +62,22 @@ def headers_too_large(limit: int) -> bytes:
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's :class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`, refusing
-    a request whose line and headers exceed :attr:`max_header_bytes` (431, connection
-    closed) before the parser holds them.
+    a request whose line and headers (or chunked trailers) exceed :attr:`max_header_bytes`
+    (431, connection closed) before the parser holds them.
 
-    Between the end of a request and the end of the next one's head, each read is counted
-    up to the blank line that ends the head (``\\r\\n\\r\\n``, found across reads too)
-    before the parser sees it; a read that would pass the limit is refused unparsed.
-    Requests pipelined within one read are counted only when they span several, so a head
-    in memory is at most the limit plus one read (up to 256 KiB).
+    What is counted is what the parser keeps outside the body:
+
+    * the head: from the end of a request to the blank line (``\\r\\n\\r\\n``, found
+      across reads too) that ends the next one's head, each read counted before the parser
+      sees it, and a read that would pass the limit refused unparsed;
+    * in the body: the reads that bring no body bytes (chunk framing, and after the last
+      chunk the trailer fields, which the parser holds like headers), counted from the
+      last body bytes.
+
+    Requests pipelined within one read, and bytes after a body's end in the same read, are
+    not counted, so what the parser holds is at most the limit plus one read (up to 256
+    KiB). A refused request that follows answers still being sent waits for them: the
+    connection closes after them, not in the middle of one.
     """
 
     #: The blank line that ends a request's head.
@@ -80,37 +88,75 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         #: The most bytes a request's line and headers may have.
         self.max_header_bytes = _max_header_bytes()
         self._in_head = True  # a connection starts with a request's head
-        self._head_bytes = 0
+        self._held = 0  # bytes counted against the limit
         self._tail = b""  # the last bytes of the head so far: an end split between reads
+        self._read = b""  # the read being parsed
+        self._body_in_read = False
+        self._refused = False
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # nothing more is parsed
+            return
+        self._read = data
         if self._in_head:
-            if self.transport.is_closing():  # refused: nothing more is parsed
-                return
             seen = self._tail + data
             end = seen.find(self.END)
-            self._head_bytes += len(data) if end < 0 else end + len(self.END) - len(self._tail)
+            self._held += len(data) if end < 0 else end + len(self.END) - len(self._tail)
             self._tail = seen[-(len(self.END) - 1) :]
-            if self._head_bytes > self.max_header_bytes:
-                self._refuse()
+            if self._held > self.max_header_bytes:
+                self._refuse(own=False)
                 return
+            super().data_received(data)
+            return
+        self._body_in_read = False
         super().data_received(data)
+        if not (self._in_head or self._body_in_read or self._refused):
+            self._held += len(data)
+            if self._held > self.max_header_bytes:
+                self._refuse(own=True)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self._in_head, self._held = False, 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_in_read, self._held = True, 0
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_head, self._head_bytes, self._tail = True, 0, b""
+        # the rest of the read (if any) starts the next request's head
+        self._in_head, self._held = True, 0
+        self._tail = self._read[-(len(self.END) - 1) :]
 
-    def _refuse(self) -> None:
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refused and self._answered() and not self.transport.is_closing():
+            self._close_refused()
+
+    def _answered(self) -> bool:
+        """Whether every request before the refused one has its whole answer sent."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _refuse(self, *, own: bool) -> None:
+        """Refuse the request being read: ``own`` when its head is complete (its trailers
+        are too large), so that its cycle is :attr:`cycle`."""
         logger.warning(
-            "refused a request from %s: its head exceeded %d bytes",
+            "refused a request from %s: its head or trailers exceeded %d bytes",
             self.client,
             self.max_header_bytes,
         )
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:  # no answer of an earlier request due
-            self.transport.write(headers_too_large(self.max_header_bytes))
+        self._refused = True
+        if own:
+            if self.cycle.response_started:  # the app answered before the body's end
+                self.transport.close()
+            else:
+                self._close_refused()
+        elif self._answered():
+            self._close_refused()
+        else:  # earlier answers are still being sent: the refusal follows them
+            self.transport.pause_reading()
+
+    def _close_refused(self) -> None:
+        self.transport.write(headers_too_large(self.max_header_bytes))
         self.transport.close()

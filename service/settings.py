@@ -139,9 +139,9 @@ class Settings(BaseSettings):
         default=64 * 1024,
         ge=8 * 1024,
         le=16 * 1024 * 1024,
-        description="A request's line and headers, in bytes: beyond it 431 "
-        "`headers_too_large` and the connection closed, before the rest is read into memory "
-        "(service.http_protocol). Needs uvicorn's `--http "
+        description="A request's line and headers (and a chunked body's trailers), in bytes: "
+        "beyond it 431 `headers_too_large` and the connection closed, before the rest is read "
+        "into memory (service.http_protocol). Needs uvicorn's `--http "
         "service.http_protocol:BoundedHttpToolsProtocol`, as scripts/serve.sh and the image "
         "pass it.",
     )

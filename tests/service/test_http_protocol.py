@@ -7,12 +7,15 @@ A real ``uvicorn`` process on a loopback port, started as ``scripts/serve.sh`` s
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
@@ -54,43 +57,39 @@ def _request(header_bytes: int) -> bytes:
     )
 
 
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length: (status, headers, body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:])
-    headers = {name.lower(): value for name, value in headers.items()}
-    while len(body) < int(headers["content-length"]):
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed in the body"
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
+def _read_response(reader: BinaryIO) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length, from a socket's buffered ``reader``:
+    (status, headers, body); what follows it stays for the next call."""
+    status_line = reader.readline()
+    assert status_line, "connection closed before an answer"
+    headers: dict[str, str] = {}
+    while (line := reader.readline().decode("latin-1").rstrip("\r\n")) != "":
+        name, value = line.split(": ", 1)
+        headers[name.lower()] = value
+    body = reader.read(int(headers["content-length"]))
+    assert len(body) == int(headers["content-length"]), "connection closed in the body"
+    return int(status_line.split()[1]), headers, body
 
 
-def _closed(sock: socket.socket) -> bool:
-    sock.settimeout(5)
+def _closed(reader: BinaryIO) -> bool:
     try:
-        return sock.recv(1) == b""
+        return reader.read(1) == b""
     except ConnectionResetError:
         return True
 
 
 def test_a_head_beyond_the_limit_gets_431_in_the_envelope(server: tuple[str, int]) -> None:
     with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
         sock.sendall(_request(4 * LIMIT))
-        status, headers, body = _read_response(sock)
+        status, headers, body = _read_response(reader)
         assert status == 431
         assert headers["content-type"] == "application/json"
         error = orjson.loads(body)["error"]
         assert error["code"] == "headers_too_large"
         assert error["type"] == "invalid_request_error"
         assert str(LIMIT) in error["message"]
-        assert _closed(sock)
+        assert _closed(reader)
     assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
 
 
@@ -117,12 +116,13 @@ def test_heads_under_the_limit_are_served_and_counted_per_request(
     """Three requests of 0.7 times the limit each on one keep-alive connection: each head
     is counted on its own (together they are twice the limit)."""
     with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
         for _ in range(3):
             sock.sendall(_request(int(0.7 * LIMIT)))
-            status, _, body = _read_response(sock)
+            status, _, body = _read_response(reader)
             assert status == 200, body
         sock.sendall(_request(2 * LIMIT))  # then one too large, on the same connection
-        status, _, body = _read_response(sock)
+        status, _, body = _read_response(reader)
         assert status == 431, body
 
 
@@ -141,12 +141,91 @@ def test_a_large_body_after_a_small_head_is_not_counted(
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
         if split:
             sock.sendall(head[:-1])
             time.sleep(0.2)  # the server reads the head without its last byte
             sock.sendall(head[-1:] + body)
         else:
             sock.sendall(head + body)
-        status, _, answer = _read_response(sock)
+        status, _, answer = _read_response(reader)
     assert status == 200, answer
     assert orjson.loads(answer)["usage"] == {"vectors": 1}
+
+
+def _chunked(body: bytes, size: int, trailer: bytes = b"") -> bytes:
+    """A chunked POST /v1/translate of ``body`` in chunks of ``size`` bytes, then
+    ``trailer`` (trailer field lines, each ending in CRLF)."""
+    head = (
+        b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size])
+        for i in range(0, len(body), size)
+    )
+    return head + chunks + b"0\r\n" + trailer + b"\r\n"
+
+
+def _translate_body(pad_to: int = 0) -> bytes:
+    body = orjson.dumps({"stitch": STITCH, "input": [[0.05] * 384]})
+    return body + b" " * max(0, pad_to - len(body))  # JSON whitespace
+
+
+def test_chunked_trailers_count_and_chunk_framing_does_not(server: tuple[str, int]) -> None:
+    """The trailer fields after a chunked body are held like headers: bounded too. The
+    framing of many small chunks (3 times the limit in all) is not counted."""
+    body = _translate_body(pad_to=200 * 1024)
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(_chunked(body, 50, trailer=b"X-Check: " + b"a" * (LIMIT // 2) + b"\r\n"))
+        status, _, answer = _read_response(reader)
+        assert status == 200, answer
+        # beyond one read (256 KiB): bytes after the body's end in its last read are free
+        trailer = b"X-Check: " + b"a" * (1024 * 1024) + b"\r\n"
+        sock.sendall(_chunked(body, 4096, trailer=trailer))
+        status, _, answer = _read_response(reader)
+        assert status == 431, answer
+        assert orjson.loads(answer)["error"]["code"] == "headers_too_large"
+        assert _closed(reader)
+
+
+def test_a_head_split_after_a_pipelined_request_is_counted_right(
+    server: tuple[str, int],
+) -> None:
+    """One write holds a whole request and the next one's head but its last byte; the
+    next write, that byte and a body larger than the limit: the body is no head."""
+    body = _translate_body(pad_to=4 * LIMIT)
+    head = (
+        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: lead\r\n\r\n" + head[:-1])
+        time.sleep(0.2)  # read apart from the rest
+        sock.sendall(head[-1:] + body)
+        assert _read_response(reader)[0] == 200
+        status, _, answer = _read_response(reader)
+    assert status == 200, answer
+
+
+def test_a_refusal_waits_for_the_answers_before_it(server: tuple[str, int]) -> None:
+    """A large answer is still being sent (the client reads nothing yet) when the next,
+    pipelined request's head passes the limit: that answer arrives whole, then the 431."""
+    rows = np.random.default_rng(0).standard_normal((2048, 384)).astype("<f4")
+    strings = [base64.b64encode(row.tobytes()).decode() for row in rows]
+    big = orjson.dumps({"stitch": STITCH, "input": strings, "encoding_format": "base64"})
+    head = (
+        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(big)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(server, timeout=30) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(head + big + _request(1024 * 1024))  # beyond the read it starts in
+        status, _, answer = _read_response(reader)
+        assert status == 200
+        assert len(orjson.loads(answer)["data"]) == 2048
+        status, _, refused = _read_response(reader)
+        assert status == 431, refused
+        assert _closed(reader)

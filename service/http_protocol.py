@@ -28,6 +28,9 @@ __all__ = ["BoundedHttpToolsProtocol", "headers_too_large"]
 
 logger = logging.getLogger("lead.service")
 
+#: How long a refused connection is drained after its 431, at most (seconds).
+LINGER_S = 2.0
+
 
 @functools.cache
 def _max_header_bytes() -> int:
@@ -77,7 +80,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     Requests pipelined within one read, and bytes after a body's end in the same read, are
     not counted, so what the parser holds is at most the limit plus one read (up to 256
     KiB). A refused request that follows answers still being sent waits for them: the
-    connection closes after them, not in the middle of one.
+    connection closes after them, not in the middle of one, and only once the client has
+    had the 431 (a lingering close).
     """
 
     #: The blank line that ends a request's head.
@@ -158,5 +162,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.pause_reading()
 
     def _close_refused(self) -> None:
-        self.transport.write(headers_too_large(self.max_header_bytes))
-        self.transport.close()
+        """Send the 431 and end the connection so that the client reads it (and any answer
+        before it) whole: closing a socket with unread bytes sends a reset, which makes
+        the client's kernel drop what it has not read yet. So the write side is shut
+        (after the answer) and what the client still sends is read and dropped until it
+        closes, for at most :data:`LINGER_S` seconds (nginx's lingering close)."""
+        transport = self.transport
+        transport.write(headers_too_large(self.max_header_bytes))
+        if not transport.can_write_eof():  # TLS
+            transport.close()
+            return
+        transport.write_eof()
+        transport.resume_reading()  # data_received drops it; the client's EOF closes
+        self.loop.call_later(LINGER_S, transport.close)

@@ -58,6 +58,19 @@ def _request(header_bytes: int) -> bytes:
     )
 
 
+def _translate_body(pad_to: int = 0) -> bytes:
+    body = orjson.dumps({"stitch": STITCH, "input": [[0.05] * 384]})
+    return body + b" " * max(0, pad_to - len(body))  # JSON whitespace
+
+
+def _post_head(length: int) -> bytes:
+    """The head of a JSON POST /v1/translate whose body has ``length`` bytes."""
+    return (
+        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 def _read_response(reader: BinaryIO) -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 response with a Content-Length, from a socket's buffered ``reader``:
     (status, headers, body); what follows it stays for the next call."""
@@ -132,13 +145,8 @@ def test_a_large_body_after_a_small_head_is_not_counted(
     """A 256 KiB body arriving with its head (one write), or right after the head's blank
     line was split between two writes (its last byte with the body): the body is not
     counted as head bytes."""
-    vector = [0.05] * 384
-    body = orjson.dumps({"stitch": STITCH, "input": [vector]})
-    body += b" " * (256 * 1024 - len(body))  # JSON whitespace
-    head = (
-        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    body = _translate_body(pad_to=256 * 1024)
+    head = _post_head(len(body))
     with socket.create_connection(server, timeout=10) as sock:
         reader = sock.makefile("rb")
         if split:
@@ -166,11 +174,6 @@ def _chunked(body: bytes, size: int, trailer: bytes = b"") -> bytes:
     return head + chunks + b"0\r\n" + trailer + b"\r\n"
 
 
-def _translate_body(pad_to: int = 0) -> bytes:
-    body = orjson.dumps({"stitch": STITCH, "input": [[0.05] * 384]})
-    return body + b" " * max(0, pad_to - len(body))  # JSON whitespace
-
-
 def test_chunked_trailers_count_and_chunk_framing_does_not(server: tuple[str, int]) -> None:
     """The trailer fields after a chunked body are held like headers: bounded too. The
     framing of many small chunks (3 times the limit in all) is not counted."""
@@ -195,10 +198,7 @@ def test_a_head_split_after_a_pipelined_request_is_counted_right(
     """One write holds a whole request and the next one's head but its last byte; the
     next write, that byte and a body larger than the limit: the body is no head."""
     body = _translate_body(pad_to=4 * LIMIT)
-    head = (
-        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = _post_head(len(body))
     with socket.create_connection(server, timeout=10) as sock:
         reader = sock.makefile("rb")
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: lead\r\n\r\n" + head[:-1])
@@ -215,10 +215,7 @@ def test_a_refusal_waits_for_the_answers_before_it(server: tuple[str, int]) -> N
     rows = np.random.default_rng(0).standard_normal((2048, 384)).astype("<f4")
     strings = [base64.b64encode(row.tobytes()).decode() for row in rows]
     big = orjson.dumps({"stitch": STITCH, "input": strings, "encoding_format": "base64"})
-    head = (
-        "POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(big)}\r\n\r\n"
-    ).encode()
+    head = _post_head(len(big))
     with socket.create_connection(server, timeout=30) as sock:
         reader = sock.makefile("rb")
         sock.sendall(head + big + _request(1024 * 1024))  # beyond the read it starts in

@@ -94,19 +94,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # a connection starts with a request's head
         self._held = 0  # bytes counted against the limit
         self._tail = b""  # the last bytes of the head so far: an end split between reads
-        self._read = b""  # the read being parsed
+        self._last = b""  # the last bytes of the read being parsed
         self._body_in_read = False
         self._refused = False
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # nothing more is parsed
             return
-        self._read = data
+        keep = len(self.END) - 1
+        self._last = data[-keep:]
         if self._in_head:
-            seen = self._tail + data
-            end = seen.find(self.END)
-            self._held += len(data) if end < 0 else end + len(self.END) - len(self._tail)
-            self._tail = seen[-(len(self.END) - 1) :]
+            self._held += self._head_part(data)
+            self._tail = (self._tail + self._last)[-keep:]
             if self._held > self.max_header_bytes:
                 self._refuse(own=False)
                 return
@@ -118,6 +117,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._held += len(data)
             if self._held > self.max_header_bytes:
                 self._refuse(own=True)
+
+    def _head_part(self, data: bytes) -> int:
+        """How many bytes of ``data`` belong to the head being read: up to its blank line
+        (which may have begun in :attr:`_tail`), or all of them. Searches the read itself
+        (no copy of it: a read with the head may hold 256 KiB of body)."""
+        joint = (self._tail + data[: len(self.END) - 1]).find(self.END)
+        if joint >= 0:
+            return joint + len(self.END) - len(self._tail)
+        end = data.find(self.END)
+        return len(data) if end < 0 else end + len(self.END)
 
     def on_headers_complete(self) -> None:
         self._in_head, self._held = False, 0
@@ -131,7 +140,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         # the rest of the read (if any) starts the next request's head
         self._in_head, self._held = True, 0
-        self._tail = self._read[-(len(self.END) - 1) :]
+        self._tail = self._last
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -391,6 +391,7 @@ def _build(config: dict[str, Any]) -> Stitch:
             info=info,
             output_scale=bool(config.get("output_scale", False)),
             **{key: config[key] for key in cls.config_keys},
+            **{key: config.get(key, default) for key, default in cls.optional_config_keys.items()},
         )
     except (LeadError, TypeError, ValueError) as error:
         raise StitchFormatError(f"cannot build a {cls.architecture} stitch: {error}") from None
@@ -413,7 +414,7 @@ def _check_parameter_types(cls: type[Stitch], config: dict[str, Any]) -> None:
     number (not a boolean) for a number. ``"scaling": "false"`` loaded as true, and
     ``"max_log_scale": true`` as 1.0 (outputs off by 7.5e-4)."""
     parameters = inspect.signature(cls.__init__).parameters
-    for key in cls.config_keys:
+    for key in (*cls.config_keys, *(k for k in cls.optional_config_keys if k in config)):
         default = parameters[key].default if key in parameters else None
         value = config[key]
         if isinstance(default, bool):

@@ -8,7 +8,9 @@ input to the local stitch by its highest cosine to the in-domain memory
 (:class:`~lead.stitches.GatedStitch`). The gate's bounds come from the memory itself: the
 ``gate_quantile`` of the memory rows' leave-one-out highest cosine, so held-out in-domain
 inputs nearly all go to the local stitch, and inputs unlike anything in the domain to the
-MLP.
+MLP. The MLP may carry a residual memory of the general-domain training pairs
+(``general_memory``): an input near them gets their residuals' correction, as the local
+stitch does in the domain.
 
 Measured on BEIR SciFact (5-fold cross-fitted document side, nDCG@10 over the bound
 min(source native, target native), ``models/retrieval.json``): all-MiniLM-L6-v2 →
@@ -25,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lead._options import check_float_option
+from lead._options import check_float_option, check_int_option
 from lead._validation import check_fitted, check_pairs
+from lead.batch_invariance import forward_batch_invariant
 from lead.calibration import fit_output_scale
 from lead.closed_form import ProgressCallback
 from lead.local import (
@@ -37,7 +40,7 @@ from lead.local import (
     fit_local,
 )
 from lead.splits import early_stopping_split
-from lead.stitches import GatedStitch
+from lead.stitches import GatedStitch, unit_rows
 from lead.training import MLPConfig, train_mlp
 
 __all__ = ["check_gated_options", "fit_gated", "gate_bounds"]
@@ -46,6 +49,8 @@ __all__ = ["check_gated_options", "fit_gated", "gate_bounds"]
 DOMAIN_SHARE = 0.5
 #: The narrowest gate: its bounds stay apart in float32 around any cosine.
 MIN_GATE_WIDTH = 1e-4
+#: Neighbours of the general memory averaged by default.
+GENERAL_K = 20
 
 
 def check_gated_options(
@@ -63,6 +68,11 @@ def check_gated_options(
     patience: Any = 2,
     gate_quantile: Any = 0.05,
     gate_width: Any = 0.1,
+    general_memory: Any = None,
+    general_k: Any = GENERAL_K,
+    general_temperature: Any = 0.1,
+    general_sink: Any = 0.4,
+    general_strength: Any = 1.0,
 ) -> None:
     """Check the options of :func:`fit_gated` before any work.
 
@@ -84,6 +94,15 @@ def check_gated_options(
     check_float_option(gate_quantile, "gate_quantile", minimum=0.0, maximum=1.0)
     # a width that leaves the bounds apart in float32
     check_float_option(gate_width, "gate_width", minimum=MIN_GATE_WIDTH, maximum=2.0)
+    check_local_options(
+        k=general_k,
+        temperature=general_temperature,
+        strength=general_strength,
+        sink=general_sink,
+        prefix="general_",
+    )
+    if general_memory is not None:
+        check_int_option(general_memory, "general_memory", minimum=0)
 
 
 def gate_bounds(keys: Tensor, quantile: float, width: float) -> tuple[float, float]:
@@ -111,6 +130,17 @@ def gate_bounds(keys: Tensor, quantile: float, width: float) -> tuple[float, flo
     return high - width, high
 
 
+def _general_rows(w: Tensor, outside: Tensor, most: int | None, seed: int) -> Tensor:
+    """The rows of the general memory: those ``outside`` the domain, at most ``most`` of
+    them (the heaviest first, ties in a seeded order), in their original order."""
+    rows = torch.nonzero(outside).flatten()
+    if most is None or most >= len(rows):
+        return rows
+    tie = torch.rand(len(rows), generator=torch.Generator().manual_seed(seed))
+    order = sorted(range(len(rows)), key=lambda i: (-float(w[rows[i]]), float(tie[i])))
+    return rows[torch.tensor(order[:most], dtype=torch.long)].sort().values
+
+
 def fit_gated(
     X: Any,
     Y: Any,
@@ -129,6 +159,11 @@ def fit_gated(
     patience: int = 2,
     gate_quantile: float = 0.05,
     gate_width: float = 0.1,
+    general_memory: int | None = None,
+    general_k: int = GENERAL_K,
+    general_temperature: float = 0.1,
+    general_sink: float = 0.4,
+    general_strength: float = 1.0,
     calibrate_variance: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -157,6 +192,20 @@ def fit_gated(
         gate's upper bound (:func:`gate_bounds`).
     gate_width : float in [1e-4, 2], default 0.1
         Cosine span over which the gate goes from the MLP (0) to the local stitch (1).
+    general_memory : int >= 0, optional
+        Most rows of the general expert's residual memory
+        (:class:`~lead.stitches.ResidualMemory`): the rows outside the domain (e.g. the
+        general-domain extra pairs), each with its residual from the MLP, so that an input
+        near them gets their correction on top of the MLP's answer. All of them by default
+        (none when every row is in the domain), 0 for none, the heaviest first and ties in
+        a seeded order when capped. Measured on the STS Benchmark test split (sentences no
+        stitch saw, the memory holding the train and dev sentences): the Spearman of
+        mixed-space cosines (a translated vector against a native one) with the human
+        scores rose from 0.833-0.847 to 0.851-0.862 of the target model's own from and into
+        MiniLM and mpnet (``bench/stsb_gold.py``).
+    general_k, general_temperature, general_sink, general_strength
+        The general memory's ``k``, ``temperature``, ``sink`` and ``strength``, as the local
+        stitch's (:class:`~lead.stitches.LocalStitch`); default 20, 0.1, 0.4 and 1.
     calibrate_variance : bool, default False
         Fit each expert's output scale (:func:`lead.calibration.fit_output_scale`).
     seed : int, default 0
@@ -202,6 +251,11 @@ def fit_gated(
         patience=patience,
         gate_quantile=gate_quantile,
         gate_width=gate_width,
+        general_memory=general_memory,
+        general_k=general_k,
+        general_temperature=general_temperature,
+        general_sink=general_sink,
+        general_strength=general_strength,
     )
     config = MLPConfig(
         hidden_dim=hidden_dim, depth=depth, max_epochs=max_epochs, patience=patience, seed=seed
@@ -211,9 +265,13 @@ def fit_gated(
     early_stopping_split(
         len(X), config.holdout_fraction, seed, method="gated stitch's MLP", option=None
     )
-    domain_rows = int((w >= DOMAIN_SHARE * w.max()).sum())
+    in_domain = w >= DOMAIN_SHARE * w.max()
+    domain_rows = int(in_domain.sum())
     memory = domain_rows if max_memory is None else min(domain_rows, max_memory)
     check_local_memory(max(k, 2), memory)
+    general_rows = _general_rows(w, ~in_domain, general_memory, seed)
+    if len(general_rows):
+        check_local_memory(general_k, len(general_rows), param="general_k")
     # the heaviest rows first: the memory is the domain (ties in a seeded order)
     local = fit_local(
         X,
@@ -233,6 +291,10 @@ def fit_gated(
         for expert in (local, mlp):
             fit_output_scale(expert, X, Y)
     low, high = gate_bounds(local.keys.detach(), float(gate_quantile), float(gate_width))
+    if len(general_rows):
+        with torch.no_grad():
+            rows = X[general_rows].float()
+            residuals = Y[general_rows].float() - forward_batch_invariant(mlp, rows)
     stitch = GatedStitch(
         X.shape[1],
         Y.shape[1],
@@ -246,10 +308,18 @@ def fit_gated(
         gate_low=low,
         gate_high=high,
         expert_scales=calibrate_variance,
+        general_memory=len(general_rows),
+        general_k=general_k,
+        general_temperature=float(general_temperature),
+        general_sink=float(general_sink),
+        general_strength=float(general_strength),
     )
     with torch.no_grad():
         stitch.domain.load_state_dict(local.state_dict())
         stitch.general.load_state_dict(mlp.state_dict())
+        if stitch.residuals is not None:
+            stitch.residuals.keys.copy_(unit_rows(rows))
+            stitch.residuals.values.copy_(residuals)
         stitch.source_mean.copy_(mlp.source_mean)
         stitch.target_mean.copy_(mlp.target_mean)
     stitch.info.fit = {
@@ -259,6 +329,7 @@ def fit_gated(
         "gate_low": low,
         "gate_high": high,
         "general": dict(mlp.info.fit),
+        "general_memory": len(general_rows),
     }
     check_fitted(stitch, X, method="gated")
     return stitch.requires_grad_(False)

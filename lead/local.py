@@ -77,8 +77,12 @@ def check_local_options(
     strength: Any = 0.5,
     sink: Any = 0.6,
     max_memory: Any = None,
+    prefix: str = "",
 ) -> None:
     """Check the options of :func:`fit_local` before any work.
+
+    ``prefix`` goes before each option's name in an error's ``param`` (``"general_"`` for
+    a gated stitch's general memory).
 
     Raises
     ------
@@ -91,17 +95,17 @@ def check_local_options(
         )
     # through lead._options: an integer beyond the float range is "not finite", not an
     # OverflowError when the fit converts it (a failed job instead of a 422)
-    check_float_option(alpha, "alpha", minimum=0.0, inclusive=False)
+    check_float_option(alpha, f"{prefix}alpha", minimum=0.0, inclusive=False)
     bound = LocalStitch.MAX_OPTION
     check_float_option(
-        temperature, "temperature", minimum=LocalStitch.MIN_TEMPERATURE, maximum=bound
+        temperature, f"{prefix}temperature", minimum=LocalStitch.MIN_TEMPERATURE, maximum=bound
     )
     for name, value in (("strength", strength), ("sink", sink)):
-        check_float_option(value, name, minimum=-bound, maximum=bound)
-    check_int_option(k, "k", minimum=1)
+        check_float_option(value, f"{prefix}{name}", minimum=-bound, maximum=bound)
+    check_int_option(k, f"{prefix}k", minimum=1)
     if max_memory is not None:
-        check_int_option(max_memory, "max_memory", minimum=1)
-        check_local_memory(k, max_memory)
+        check_int_option(max_memory, f"{prefix}max_memory", minimum=1)
+        check_local_memory(k, max_memory, param=f"{prefix}k")
 
 
 def check_local_memory(k: int, memory: int, *, param: str = "k") -> None:

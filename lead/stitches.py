@@ -46,6 +46,7 @@ __all__ = [
     "LocalStitch",
     "MLPStitch",
     "OrthogonalStitch",
+    "ResidualMemory",
     "Stitch",
     "StitchInfo",
     "oriented",
@@ -112,6 +113,9 @@ class Stitch(nn.Module):
     architecture: ClassVar[str] = ""
     #: Architecture parameters saved in ``config.json`` and passed back to ``__init__``.
     config_keys: ClassVar[tuple[str, ...]] = ()
+    #: Architecture parameters added after the first artifacts were saved: saved like
+    #: :attr:`config_keys`, and a config without one is built with the default given here.
+    optional_config_keys: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -326,9 +330,11 @@ class Stitch(nn.Module):
         super().__setattr__(name, value)
 
     def get_config(self) -> dict[str, Any]:
-        """Architecture parameters, the keys of :attr:`config_keys` (and ``output_scale:
-        true`` when the stitch holds a fitted output scale)."""
-        config = {key: getattr(self, key) for key in self.config_keys}
+        """Architecture parameters, the keys of :attr:`config_keys` and
+        :attr:`optional_config_keys` (and ``output_scale: true`` when the stitch holds a
+        fitted output scale)."""
+        keys = (*self.config_keys, *self.optional_config_keys)
+        config = {key: getattr(self, key) for key in keys}
         if self.output_scale is not None:
             config["output_scale"] = True
         return config
@@ -647,15 +653,23 @@ class LocalStitch(Stitch):
             largest first (:meth:`nearest_cosines`, the same bits).
         """
         base = forward_batch_invariant(self._global, x_centred)
+        correction, top = self.correction(x_centred)
+        return base + self.strength * correction.to(base.dtype), top
+
+    def correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`map_and_neighbours` without the global map and ``strength``: the
+        softmax-weighted mean of each row's ``k`` nearest memory residuals (float32 of
+        shape (n, d_tgt)) and the ``k`` highest cosines, in chunks of :attr:`CHUNK` rows."""
         parts = [
             self._correction(x_centred[i : i + self.CHUNK])
             for i in range(0, x_centred.shape[0], self.CHUNK)
         ]
         if not parts:
-            return base, base.new_zeros((0, self.k), dtype=torch.float32)
-        correction = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        top = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        return base + self.strength * correction.to(base.dtype), top
+            empty = x_centred.new_zeros((0, self.d_tgt), dtype=torch.float32)
+            return empty, x_centred.new_zeros((0, self.k), dtype=torch.float32)
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def typical_inputs(self) -> Tensor:
         """The memory keys: training inputs (unit rows), shape (memory, d_src)."""
@@ -731,6 +745,34 @@ class LocalStitch(Stitch):
         return fixed_order_sum(weighted, dim=1), top
 
 
+class ResidualMemory(LocalStitch):
+    r"""A :class:`LocalStitch`'s memory without its global map: for an input :math:`x`,
+    :math:`\lambda \sum_{j \in N_k(x)} w_j r_j`, the softmax-weighted residuals of its ``k``
+    nearest memory rows (with the sink), to be added to another map's answer. The general
+    expert of a :class:`GatedStitch` adds it to its MLP's.
+
+    Not a stitch by itself (no architecture name, not in :data:`STITCH_REGISTRY`).
+    Tensors: ``keys`` ``(memory, d_src)`` (unit rows: training inputs, compared as they
+    are), ``values`` ``(memory, d_tgt)`` (their residuals), and the zero ``source_mean`` and
+    ``target_mean`` every stitch holds.
+    """
+
+    architecture = ""
+
+    def __init__(self, d_src: int, d_tgt: int, **kwargs: Any) -> None:
+        super().__init__(d_src, d_tgt, **kwargs)
+        del self.weight  # no global map: nothing stored
+
+    def _map(self, x_centred: Tensor) -> Tensor:
+        return self.map_and_neighbours(x_centred)[0]  # with strength 0 too: no global map
+
+    def map_and_neighbours(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`LocalStitch.map_and_neighbours` without a global map: the correction
+        times ``strength``, and the ``k`` highest cosines."""
+        correction, top = self.correction(x_centred)
+        return self.strength * correction.to(x_centred.dtype), top
+
+
 class GatedStitch(Stitch):
     r"""A local stitch near its in-domain training inputs, a residual MLP elsewhere.
 
@@ -745,11 +787,17 @@ class GatedStitch(Stitch):
     in-domain inputs are nearly all above ``gate_high``, so the gate only hands inputs
     unlike anything in the domain to the MLP.
 
+    The general expert may carry a residual memory (:class:`ResidualMemory`, ``residuals``,
+    ``general_memory`` rows): the training pairs outside the domain (general-domain
+    sentences) with the MLP's residuals, so that :math:`y_{\text{MLP}}(x)` gains the
+    softmax-weighted residuals of its ``general_k`` nearest rows (:meth:`general_expert`).
+
     Tensors: ``domain.*`` (a :class:`LocalStitch`'s), ``general.*`` (an
     :class:`MLPStitch`'s; each expert may hold its own ``output_scale`` when
-    ``expert_scales``), and the stitch's own ``source_mean`` and ``target_mean``: the MLP's,
-    the means of every training pair (each expert centres with its own means; the stitch's
-    are what a caller reads as its training means, e.g. for the mean-estimator baseline).
+    ``expert_scales``), ``residuals.*`` when ``general_memory > 0``, and the stitch's own
+    ``source_mean`` and ``target_mean``: the MLP's, the means of every training pair (each
+    expert centres with its own means; the stitch's are what a caller reads as its training
+    means, e.g. for the mean-estimator baseline).
 
     References
     ----------
@@ -765,8 +813,19 @@ class GatedStitch(Stitch):
         "gate_high",
         "expert_scales",
     )
+    #: The general expert's residual memory (:class:`ResidualMemory`, ``residuals``):
+    #: ``general_memory`` rows (0: none, as in stitches saved before it), its ``k``,
+    #: temperature, sink and strength.
+    optional_config_keys: ClassVar[dict[str, Any]] = {
+        "general_memory": 0,
+        "general_k": 20,
+        "general_temperature": 0.1,
+        "general_sink": 0.4,
+        "general_strength": 1.0,
+    }
     domain: LocalStitch
     general: MLPStitch
+    residuals: ResidualMemory | None
     #: Batch-invariant by itself (:data:`lead.batch_invariance.ROW_INVARIANT`): each
     #: expert pads its own dense products, the memory search runs on the real rows, and
     #: the MLP only on those it has a share of.
@@ -789,6 +848,11 @@ class GatedStitch(Stitch):
         gate_low: float = 0.4,
         gate_high: float = 0.5,
         expert_scales: bool = False,
+        general_memory: int = 0,
+        general_k: int = 20,
+        general_temperature: float = 0.1,
+        general_sink: float = 0.4,
+        general_strength: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
@@ -823,6 +887,28 @@ class GatedStitch(Stitch):
         )
         self.gate_low, self.gate_high = float(gate_low), float(gate_high)
         self.expert_scales = scales
+        if isinstance(general_memory, bool) or not general_memory >= 0:
+            raise ShapeMismatchError(
+                f"general_memory must be a row count >= 0, got {general_memory!r}",
+                expected=">= 0",
+                got=general_memory,
+            )
+        residuals = None
+        if general_memory:
+            residuals = ResidualMemory(
+                d_src,
+                d_tgt,
+                memory=general_memory,
+                k=general_k,
+                temperature=general_temperature,
+                strength=general_strength,
+                sink=general_sink,
+            )
+            general_k, general_memory = residuals.k, residuals.memory
+        self.register_module("residuals", residuals)
+        self.general_memory, self.general_k = int(general_memory), int(general_k)
+        self.general_temperature = float(general_temperature)
+        self.general_sink, self.general_strength = float(general_sink), float(general_strength)
 
     def __getattr__(self, name: str) -> Any:
         # the experts' architecture parameters, for get_config
@@ -843,6 +929,8 @@ class GatedStitch(Stitch):
         super().check_loaded()
         self.domain.check_loaded()
         self.general.check_loaded()
+        if self.residuals is not None:
+            self.residuals.check_loaded()
 
     def gate(self, nearest: Tensor) -> Tensor:
         """The local stitch's share :math:`a` for rows whose highest memory cosine is
@@ -918,13 +1006,23 @@ class GatedStitch(Stitch):
             # caller does) makes both +0
             return y_domain - self.target_mean, top
         if general is None or len(general) == len(a):
-            y_general = forward_batch_invariant(self.general, x)
+            y_general = self.general_expert(x)
         else:
             y_general = torch.zeros_like(y_domain)
             if len(general):
-                y_general[general] = forward_batch_invariant(self.general, x[general])
+                y_general[general] = self.general_expert(x[general])
         a = a.unsqueeze(1)
         return a * y_domain + (1 - a) * y_general - self.target_mean, top
+
+    def general_expert(self, x: Tensor) -> Tensor:
+        """The general expert's answer: the MLP's full vector for inputs ``x`` (shape
+        (n, d_src)), plus the correction of its residual memory when it has one; shape
+        (n, d_tgt), before any L2 normalisation."""
+        y: Tensor = forward_batch_invariant(self.general, x)
+        if self.residuals is not None:
+            # the memory's means are zero: it searches the inputs as they are
+            y = y + self.residuals.map_and_neighbours(x)[0]
+        return y
 
 
 class _Coupling(nn.Module):

@@ -227,8 +227,9 @@ class JobCreate(PairsInput):
         description="Options of the method (lead.fit_stitch): ridge `alpha`, `alphas`; "
         "procrustes `scaling`; mlp `hidden_dim`, `depth`, `loss`, `lr`, `max_epochs`, ...; "
         "local `k`, `base`, `temperature`, `strength`, `sink`, `max_memory`; gated those "
-        "of local and mlp's `hidden_dim`, `depth`, `max_epochs`, `patience`, and "
-        "`gate_quantile`, `gate_width`. "
+        "of local and mlp's `hidden_dim`, `depth`, `max_epochs`, `patience`, "
+        "`gate_quantile`, `gate_width`, and the general memory's `general_memory`, "
+        "`general_k`, `general_temperature`, `general_sink`, `general_strength`. "
         "Unknown names and bad values are refused at submission (422; a local or gated `k` above "
         "the training pairs: 400 `invalid_input`); a fit that fails "
         "later (e.g. training that diverges) fails the job with a reason.",

@@ -84,7 +84,7 @@ def test_documents_go_to_the_local_stitch_and_everyday_sentences_to_the_mlp(
     with torch.inference_mode():
         x = torch.from_numpy(both)
         local = unit_rows(stitch.domain(x)).numpy()
-        mlp = unit_rows(stitch.general(x)).numpy()
+        mlp = unit_rows(stitch.general_expert(x)).numpy()
     np.testing.assert_allclose(gated[a == 1.0], local[a == 1.0], atol=1e-5)
     np.testing.assert_allclose(gated[a == 0.0], mlp[a == 0.0], atol=1e-5)
 
@@ -116,6 +116,70 @@ def test_rows_are_batch_invariant_and_survive_save_and_load(
         alone = torch.cat([forward_batch_invariant(loaded, x[i : i + 1]) for i in range(len(x))])
         assert torch.equal(whole, alone)
         assert torch.equal(whole, forward_batch_invariant(stitch, x))
+
+
+def test_the_general_memory_holds_the_general_rows_and_their_mlp_residuals(
+    fitted: Any,
+) -> None:
+    """The 40 everyday sentences (weight 0.05) are outside the domain: they are the general
+    memory, each with the MLP's residual, and an input near them gets that correction."""
+    stitch, everyday = fitted
+    assert stitch.general_memory == 40 and stitch.info.fit["general_memory"] == 40
+    memory = stitch.residuals
+    assert memory is not None and memory.k == 20
+    x = torch.from_numpy(everyday["minilm"][:40])
+    with torch.inference_mode():
+        mlp = forward_batch_invariant(stitch.general, x)
+        np.testing.assert_allclose(memory.keys.numpy(), unit_rows(x).numpy(), atol=1e-6)
+        np.testing.assert_allclose(
+            memory.values.numpy(), everyday["mpnet"][:40] - mlp.numpy(), atol=1e-5
+        )
+        corrected = stitch.general_expert(x)
+    y = everyday["mpnet"][:40]
+    # the memorised sentences' own corrections bring them closer to the true vectors
+    before = np.sum(unit_rows(mlp).numpy() * y, axis=1)
+    after = np.sum(unit_rows(corrected).numpy() * y, axis=1)
+    assert after.mean() > before.mean() + 0.05 and (after > before).mean() >= 0.9
+
+
+def test_the_general_memory_can_be_capped_or_left_out(scifact_small: Any) -> None:
+    everyday = load_file(FIXTURES / "everyday_sentences.safetensors")
+    X = np.concatenate([scifact_small.corpus["minilm"][:200], everyday["minilm"][:40]])
+    Y = np.concatenate([scifact_small.corpus["mpnet"][:200], everyday["mpnet"][:40]])
+    w = np.r_[np.ones(200), np.full(40, 0.05)]
+    capped = fit_stitch(X, Y, "gated", sample_weight=w, general_memory=25, general_k=5, **FAST)
+    assert capped.residuals is not None and capped.general_memory == 25
+    assert capped.residuals.k == 5
+    # which 25: some of the 40 general rows, none of the domain's
+    keys = capped.residuals.keys.numpy()
+    rows = np.argmax(keys @ _unit(X).T, axis=1)
+    assert len(set(rows.tolist())) == 25 and (rows >= 200).all()
+    none = fit_stitch(X, Y, "gated", sample_weight=w, general_memory=0, **FAST)
+    assert none.residuals is None and none.general_memory == 0
+    x = torch.from_numpy(everyday["minilm"][40:])
+    with torch.inference_mode():
+        assert torch.equal(none.general_expert(x), forward_batch_invariant(none.general, x))
+    # every row in the domain (no weights): no general memory either
+    assert fit_stitch(X, Y, "gated", **FAST).residuals is None
+
+
+def test_a_gated_stitch_saved_before_the_general_memory_still_loads(
+    scifact_small: Any, tmp_path: Path
+) -> None:
+    """Artifacts saved before ``general_memory`` existed have none of its config keys."""
+    X, Y = scifact_small.corpus["minilm"][:200], scifact_small.corpus["mpnet"][:200]
+    stitch = fit_stitch(X, Y, "gated", **FAST)
+    folder = save_stitch(stitch, tmp_path / "g")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    assert config["general_memory"] == 0
+    old = {key: value for key, value in config.items() if not key.startswith("general_")}
+    config_path.write_text(json.dumps(old))
+    loaded = load_stitch(folder)
+    assert isinstance(loaded, GatedStitch) and loaded.residuals is None
+    x = torch.from_numpy(scifact_small.queries["minilm"][:10])
+    with torch.inference_mode():
+        assert torch.equal(forward_batch_invariant(loaded, x), forward_batch_invariant(stitch, x))
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +279,12 @@ def test_calibration_scales_each_expert(scifact_small: Any) -> None:
         ({"k": 0}, "k"),
         ({"hidden_dim": 0}, "hidden_dim"),
         ({"bogus": 1}, "bogus"),
+        ({"general_memory": -1}, "general_memory"),
+        ({"general_memory": 2.5}, "general_memory"),
+        ({"general_k": 0}, "general_k"),
+        ({"general_temperature": 0.0}, "general_temperature"),
+        ({"general_sink": 1e39}, "general_sink"),
+        ({"general_strength": float("nan")}, "general_strength"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, Any], param: str) -> None:
@@ -234,6 +304,12 @@ def test_bad_options_are_named(options: dict[str, Any], param: str) -> None:
         {"sink": 1e39},  # beyond float32: a traceback at translate time
         {"strength": 1e300},
         {"temperature": 1e300},
+        {"general_memory": True},  # read as 1 row
+        {"general_memory": -3},
+        {"general_memory": 5},  # the file holds 40 rows
+        {"general_k": 41},  # more neighbours than rows
+        {"general_temperature": 0.0},
+        {"general_sink": 1e39},
     ],
 )
 def test_a_stitch_file_with_values_it_could_not_be_fitted_with_is_refused(
@@ -247,16 +323,17 @@ def test_a_stitch_file_with_values_it_could_not_be_fitted_with_is_refused(
         load_stitch(tmp_path / "g")
 
 
+@pytest.mark.parametrize("memory", ["domain.keys", "residuals.keys"])
 @pytest.mark.parametrize("scale", [3.0, 0.0])
 def test_a_stitch_file_whose_memory_keys_are_not_unit_rows_is_refused(
-    fitted: Any, tmp_path: Path, scale: float
+    fitted: Any, tmp_path: Path, scale: float, memory: str
 ) -> None:
     """Scaled or zeroed keys loaded and translated, wrongly (gate cosines above 1)."""
     stitch, _ = fitted
     save_stitch(stitch, tmp_path / "g")
     weights = tmp_path / "g" / "model.safetensors"
     tensors = load_file_pt(weights)
-    tensors["domain.keys"] = tensors["domain.keys"] * scale
+    tensors[memory] = tensors[memory] * scale
     save_file_pt(tensors, weights)
     with pytest.raises(StitchFormatError, match="unit rows"):
         load_stitch(tmp_path / "g")

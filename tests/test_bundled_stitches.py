@@ -37,12 +37,12 @@ def _everyday() -> tuple[dict[str, np.ndarray], dict[str, str]]:
 def test_the_expected_stitches_are_bundled_and_small() -> None:
     assert {"minilm-to-mpnet", "mpnet-to-minilm", "minilm-to-e5", "e5-to-minilm",
             "minilm-to-pml3"} <= set(BUNDLED)  # fmt: skip
-    # float16 gated stitches of 9-17 MB each (their memory: ~5,000 SciFact vectors of each
-    # model, 7-11 MB; the MLP expert 1-2 MB, 5-6 MB with 2,048 hidden units from and into
-    # MiniLM and mpnet), a confidence head of about 0.2 MB (float32) each, the invertible
-    # stitch (2 MB)
+    # float16 gated stitches of 27-45 MB each (their SciFact memory: ~5,000 vectors of each
+    # model, 7-11 MB; the MLP's general memory: 11,641 STS-B sentences of each model, 18-27
+    # MB; the MLP expert 1-2 MB, 5-6 MB with 2,048 hidden units from and into MiniLM and
+    # mpnet), a confidence head of about 0.2 MB (float32) each, the invertible stitch (2 MB)
     size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file())
-    assert size < 72 * 1024 * 1024, f"models/ is {size / 2**20:.1f} MiB"
+    assert size < 180 * 1024 * 1024, f"models/ is {size / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("stitch_id", BUNDLED)

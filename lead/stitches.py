@@ -887,7 +887,11 @@ class GatedStitch(Stitch):
         )
         self.gate_low, self.gate_high = float(gate_low), float(gate_high)
         self.expert_scales = scales
-        if isinstance(general_memory, bool) or not general_memory >= 0:
+        if (
+            not isinstance(general_memory, int)
+            or isinstance(general_memory, bool)
+            or (general_memory < 0)
+        ):
             raise ShapeMismatchError(
                 f"general_memory must be a row count >= 0, got {general_memory!r}",
                 expected=">= 0",

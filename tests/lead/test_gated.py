@@ -306,6 +306,7 @@ def test_bad_options_are_named(options: dict[str, Any], param: str) -> None:
         {"temperature": 1e300},
         {"general_memory": True},  # read as 1 row
         {"general_memory": -3},
+        {"general_memory": 1e300},  # not a row count
         {"general_memory": 5},  # the file holds 40 rows
         {"general_k": 41},  # more neighbours than rows
         {"general_temperature": 0.0},
@@ -320,6 +321,18 @@ def test_a_stitch_file_with_values_it_could_not_be_fitted_with_is_refused(
     config_path = tmp_path / "g" / "config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
     with pytest.raises(StitchFormatError):
+        load_stitch(tmp_path / "g")
+
+
+def test_a_general_memory_that_is_not_a_row_count_is_named(fitted: Any, tmp_path: Path) -> None:
+    """A float row count was refused with torch's ``zeros() takes 1 positional argument``."""
+    stitch, _ = fitted
+    save_stitch(stitch, tmp_path / "g")
+    config_path = tmp_path / "g" / "config.json"
+    config_path.write_text(
+        json.dumps({**json.loads(config_path.read_text()), "general_memory": 40.0})
+    )
+    with pytest.raises(StitchFormatError, match="general_memory must be a row count"):
         load_stitch(tmp_path / "g")
 
 

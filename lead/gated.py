@@ -38,6 +38,7 @@ from lead.local import (
     check_local_options,
     check_sample_weight,
     fit_local,
+    heaviest_rows,
 )
 from lead.splits import early_stopping_split
 from lead.stitches import GatedStitch, unit_rows
@@ -128,17 +129,6 @@ def gate_bounds(keys: Tensor, quantile: float, width: float) -> tuple[float, flo
         nearest.append(scores.max(dim=1).values)
     high = float(torch.quantile(torch.cat(nearest), quantile))
     return high - width, high
-
-
-def _general_rows(w: Tensor, outside: Tensor, most: int | None, seed: int) -> Tensor:
-    """The rows of the general memory: those ``outside`` the domain, at most ``most`` of
-    them (the heaviest first, ties in a seeded order), in their original order."""
-    rows = torch.nonzero(outside).flatten()
-    if most is None or most >= len(rows):
-        return rows
-    tie = torch.rand(len(rows), generator=torch.Generator().manual_seed(seed))
-    order = sorted(range(len(rows)), key=lambda i: (-float(w[rows[i]]), float(tie[i])))
-    return rows[torch.tensor(order[:most], dtype=torch.long)].sort().values
 
 
 def fit_gated(
@@ -269,7 +259,7 @@ def fit_gated(
     domain_rows = int(in_domain.sum())
     memory = domain_rows if max_memory is None else min(domain_rows, max_memory)
     check_local_memory(max(k, 2), memory)
-    general_rows = _general_rows(w, ~in_domain, general_memory, seed)
+    general_rows = heaviest_rows(w, torch.nonzero(~in_domain).flatten(), general_memory, seed)
     if len(general_rows):
         check_local_memory(general_k, len(general_rows), param="general_k")
     # the heaviest rows first: the memory is the domain (ties in a seeded order)

@@ -32,6 +32,7 @@ __all__ = [
     "check_local_rows",
     "check_sample_weight",
     "fit_local",
+    "heaviest_rows",
 ]
 
 #: The global maps :func:`fit_local` can start from.
@@ -127,6 +128,17 @@ def check_local_rows(options: dict[str, Any], rows: int, *, param: str = "k") ->
     k = options.get("k", DEFAULT_K)
     max_memory = options.get("max_memory")
     check_local_memory(k, rows if max_memory is None else min(rows, max_memory), param=param)
+
+
+def heaviest_rows(w: Tensor, rows: Tensor, most: int | None, seed: int) -> Tensor:
+    """At most ``most`` of ``rows`` (indices into the weights ``w``, ascending): the
+    heaviest first, ties in an order seeded by ``seed``; returned ascending. All of them
+    when ``most`` is None or not below their number (a memory's rows when capped)."""
+    if most is None or most >= len(rows):
+        return rows
+    tie = torch.rand(len(rows), generator=torch.Generator().manual_seed(seed))
+    order = sorted(range(len(rows)), key=lambda i: (-float(w[rows[i]]), float(tie[i])))
+    return rows[torch.tensor(order[:most], dtype=torch.long)].sort().values
 
 
 def _global_map(Xc: Tensor, Yc: Tensor, w: Tensor, base: str, alpha: float) -> Tensor:
@@ -228,11 +240,7 @@ def fit_local(
         sink=sink,
         max_memory=max_memory,
     )
-    keep = torch.nonzero(w > 0).flatten()
-    if max_memory is not None:
-        tie = torch.rand(len(keep), generator=torch.Generator().manual_seed(seed))
-        order = sorted(range(len(keep)), key=lambda i: (-float(w[keep[i]]), float(tie[i])))
-        keep = keep[torch.tensor(order[:max_memory])].sort().values
+    keep = heaviest_rows(w, torch.nonzero(w > 0).flatten(), max_memory, seed)
     check_local_memory(k, len(keep))
     mean_x = (w[:, None] * X).sum(dim=0) / w.sum()
     mean_y = (w[:, None] * Y).sum(dim=0) / w.sum()

@@ -688,9 +688,9 @@ class LocalStitch(Stitch):
 
     def freeze(self) -> Self:
         """:meth:`Stitch.freeze`: keeps the keys in int8 for the memory search's first
-        scoring (:func:`lead.batch_invariance.quantized_keys`; ~10 times faster than
-        float32) and in float16 for a lone vector's (:func:`~lead.batch_invariance.half_keys`;
-        half the bytes), each where it applies."""
+        scoring of small batches (:func:`lead.batch_invariance.quantized_keys`; ~10 times
+        faster than float32) and in float16 for a lone vector's
+        (:func:`~lead.batch_invariance.half_keys`; half the bytes), each where it applies."""
         super().freeze()
         stamp = self._keys_stamp()
         if stamp is not None:

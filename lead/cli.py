@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -394,14 +395,15 @@ def _attach_confidence(
 def _warn_below_baseline(scorecard: dict[str, Any] | None) -> None:
     """Say so on stderr when the held-out R² is at or below the mean-estimator baseline
     (a job would keep such a stitch but not serve it)."""
+    from lead.scorecard import below_baseline_cause
+
     r2 = (scorecard or {}).get("r2_score")
-    if r2 is None or r2 > 0:
+    if scorecard is None or r2 is None or r2 > 0:
         return
     sys.stderr.write(
         f"warning: held-out r2_score {r2:.3f} is at or below the mean-estimator baseline (0): "
-        "the stitch predicts the target no better than the training mean. Check that row i "
-        "of --source and --target embed the same text (same ids, same order); a job would "
-        "keep this stitch but not serve it.\n"
+        f"the stitch predicts the target no better than the training mean. "
+        f"{below_baseline_cause(scorecard)}. A job would keep this stitch but not serve it.\n"
     )
 
 
@@ -779,15 +781,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeadError as error:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (| head): not an error of ours
+        # (before OSError, its base class); the exit's flush of stdout would fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as error:  # a file named on the command line: missing, read-only, full...
         print(f"error: {_os_error_message(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # stdout closed early (| head): not an error of ours
-        sys.stderr.close()
-        return 141
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ __all__ = [
     "ROUND_TRIP_METRICS",
     "RetrievalData",
     "Scorecard",
+    "below_baseline_cause",
     "core_scores",
     "round_trip_scores",
     "score_stitch",
@@ -168,6 +169,43 @@ class Scorecard:
             },
             **values,
         )
+
+
+def below_baseline_cause(scorecard: dict[str, Any]) -> str:
+    """The likely cause of a held-out ``r2_score`` at or below the mean-estimator baseline,
+    as a sentence for the user, from the scorecard's other figures.
+
+    Rows of source and target in two different orders score like that, and so does a map
+    that fits the data poorly (Procrustes on a few hundred pairs: R² -0.05 with a top-1
+    accuracy of 0.975). Row order is blamed only when the top-1 accuracy is low too: with
+    the rows unpaired it is near chance, ``1 / pool_size``.
+
+    Parameters
+    ----------
+    scorecard : dict
+        A scorecard's figures (:meth:`Scorecard.to_dict`): ``top1_accuracy_score`` and
+        ``pool_size`` are read when present.
+
+    Returns
+    -------
+    str
+    """
+    top1, pool = scorecard.get("top1_accuracy_score"), scorecard.get("pool_size")
+    if (
+        isinstance(top1, int | float)
+        and isinstance(pool, int)
+        and pool > 0
+        and top1 >= max(0.1, 10 / pool)
+    ):
+        return (
+            f"Its held-out top-1 accuracy ({top1:.3f} among {pool}) shows that the rows are "
+            "paired: the method fits this data poorly (a map too rigid, or too few pairs for "
+            "it); try ridge, or more pairs"
+        )
+    return (
+        "Check that row i of source and target embed the same text (same ids, same order; "
+        "rows in two orders score like this)"
+    )
 
 
 def core_scores(Y_true: Any, Y_pred: Any, *, target_train_mean: Any) -> dict[str, float]:

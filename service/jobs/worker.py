@@ -149,15 +149,16 @@ def serving_decision(scorecard: dict[str, Any], request: dict[str, Any]) -> tupl
     reason : str or None
         A sentence for the job's ``result.not_served_reason`` when not served.
     """
+    from lead.scorecard import below_baseline_cause
+
     r2 = float(scorecard["r2_score"])
     if r2 > BASELINE_R2 or request.get("allow_below_baseline", False):
         return True, None
     return False, (
         f"held-out r2_score {r2:.3g} is at or below the mean-estimator baseline "
         f"({BASELINE_R2:g}): the stitch predicts the target no better than the training "
-        "mean. Check that row i of source and target embed the same text (same ids, same "
-        "order; rows in two orders score like this); to serve it anyway, submit the job "
-        "again with allow_below_baseline: true (lead jobs submit --allow-below-baseline)"
+        f"mean. {below_baseline_cause(scorecard)}. To serve it anyway, submit the job again "
+        "with allow_below_baseline: true (lead jobs submit --allow-below-baseline)"
     )
 
 

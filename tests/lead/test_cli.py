@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -368,6 +369,24 @@ def test_fit_warns_when_the_stitch_is_below_the_baseline(
     assert "baseline" not in capsys.readouterr().err
 
 
+def test_the_baseline_warning_blames_row_order_only_when_top1_is_low_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Procrustes on 320 real pairs of MiniLM and paraphrase-MiniLM-L3 is below the
+    baseline in R² while ranking the right row first almost always: the rows are paired,
+    and the warning says so instead of sending the user after a row-order bug."""
+    args = _fit_args(tmp_path / "rigid", "--method", "procrustes")
+    args[4] = f"{DATA}:pml3_corpus"
+    args[8] = "sentence-transformers/paraphrase-MiniLM-L3-v2"
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    scorecard = json.loads(captured.out)
+    assert scorecard["r2_score"] <= 0 and scorecard["top1_accuracy_score"] > 0.9
+    assert "is at or below the mean-estimator baseline" in captured.err
+    assert "rows are paired" in captured.err and "try ridge" in captured.err
+    assert "same ids, same order" not in captured.err
+
+
 def test_fit_attaches_a_confidence_head_calibrated_on_the_held_out_rows(
     fitted: tuple[Path, dict],
 ) -> None:
@@ -661,3 +680,21 @@ def test_a_full_disk_leaves_no_temporary_file(
     assert main(args) == 2
     assert "no space left on device" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
+    """``lead ... | head``: the pipe closes before the output is written; lead exits
+    quietly with 141 (as a tool killed by SIGPIPE), not with ``error: broken pipe`` and
+    2 (BrokenPipeError is an OSError, which the file errors' handler caught first)."""
+    import subprocess
+
+    args = [sys.executable, "-m", "lead.cli", "align", "--source", f"{DATA}:minilm_corpus"]
+    args += ["--target", f"{DATA}:mpnet_corpus"]
+    with (tmp_path / "stderr").open("wb") as stderr:
+        child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr)
+        assert child.stdout is not None
+        child.stdout.close()  # long before the figures are written (torch alone takes longer)
+        status = child.wait(timeout=120)
+    err = (tmp_path / "stderr").read_text()
+    assert status == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception" not in err

@@ -113,3 +113,19 @@ def test_serving_decision(r2: float, allow: bool, served: bool) -> None:
     assert decision[0] is served
     assert (decision[1] is None) is served
     assert serving_decision({"r2_score": r2}, {})[0] is (r2 > 0)  # older records: no flag
+
+
+def test_the_reason_blames_row_order_only_when_top1_is_low_too() -> None:
+    """A stitch below the baseline in R² that still ranks the right row first (Procrustes
+    on 320 paired rows: R² -0.05, top-1 0.975 among 80) is not sent after a row-order
+    bug; a near-chance top-1 is."""
+    from service.jobs.worker import serving_decision
+
+    rigid = {"r2_score": -0.051, "top1_accuracy_score": 0.975, "pool_size": 80}
+    served, reason = serving_decision(rigid, {})
+    assert not served and reason is not None
+    assert "rows are paired" in reason and "same order" not in reason
+    shuffled = {"r2_score": -0.5, "top1_accuracy_score": 0.0125, "pool_size": 80}
+    _, reason = serving_decision(shuffled, {})
+    assert reason is not None and "same ids, same order" in reason
+    assert serving_decision(rigid, {"allow_below_baseline": True}) == (True, None)

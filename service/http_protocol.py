@@ -10,12 +10,23 @@ same way). :class:`BoundedHttpToolsProtocol` counts those bytes as they arrive a
 answers 431 ``headers_too_large`` in the error envelope and closes the connection. The
 body has its own limits (``LEAD_MAX_BODY_BYTES``, checked by the app).
 
+It also gives a request's head a deadline. uvicorn's protocol waits for a head as long as
+its client keeps the connection open (its keep-alive timeout covers only idle connections
+between requests): ten connections that had sent half a header line were all still open
+100 s later, and enough of them fill the process's open files and lock every client out
+(slowloris, found by an adversarial pass). Beyond ``LEAD_HEADER_TIMEOUT_SECONDS`` (30 s)
+from the head's first byte, or from the connection's start when nothing came, the client
+gets 408 ``request_timeout`` (or, having sent nothing, just the close). And where the
+request is not valid HTTP/1.1 (a negative ``Content-Length``, two of them, bad chunk
+sizes), the 400 that uvicorn answers in plain text is the error envelope too.
+
 Used through uvicorn's ``--http service.http_protocol:BoundedHttpToolsProtocol``
 (``scripts/serve.sh``, the Docker image).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Any
@@ -24,7 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.errors import error_response
 
-__all__ = ["BoundedHttpToolsProtocol", "headers_too_large"]
+__all__ = ["BoundedHttpToolsProtocol", "head_timed_out", "headers_too_large", "invalid_http"]
 
 logger = logging.getLogger("lead.service")
 
@@ -33,8 +44,9 @@ LINGER_S = 2.0
 
 
 @functools.cache
-def _max_header_bytes() -> int:
-    """``LEAD_MAX_HEADER_BYTES``, read once per process (every connection needs it).
+def _head_limits() -> tuple[int, float]:
+    """``LEAD_MAX_HEADER_BYTES`` and ``LEAD_HEADER_TIMEOUT_SECONDS``, read once per process
+    (every connection needs them).
 
     Raises
     ------
@@ -43,7 +55,20 @@ def _max_header_bytes() -> int:
     """
     from service.settings import Settings
 
-    return Settings().max_header_bytes
+    settings = Settings()
+    return settings.max_header_bytes, settings.header_timeout_seconds
+
+
+def _closing_response(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP response with the error envelope that closes the connection."""
+    response = error_response(status, "invalid_request_error", code, message)
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(response.body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + bytes(response.body)
 
 
 def headers_too_large(limit: int) -> bytes:
@@ -53,14 +78,27 @@ def headers_too_large(limit: int) -> bytes:
         f"the request line and headers (or a chunked body's trailers) exceed {limit} bytes "
         "(LEAD_MAX_HEADER_BYTES); send large data in the body"
     )
-    response = error_response(431, "invalid_request_error", "headers_too_large", message)
-    head = (
-        "HTTP/1.1 431 Request Header Fields Too Large\r\n"
-        "content-type: application/json\r\n"
-        f"content-length: {len(response.body)}\r\n"
-        "connection: close\r\n\r\n"
+    return _closing_response(431, "Request Header Fields Too Large", "headers_too_large", message)
+
+
+def head_timed_out(seconds: float) -> bytes:
+    """The whole HTTP response to a request whose head did not arrive within ``seconds``:
+    408 with the error envelope, and the connection closed."""
+    message = (
+        f"the request line and headers did not arrive within {seconds:g} s "
+        "(LEAD_HEADER_TIMEOUT_SECONDS)"
     )
-    return head.encode("ascii") + bytes(response.body)
+    return _closing_response(408, "Request Timeout", "request_timeout", message)
+
+
+def invalid_http() -> bytes:
+    """The whole HTTP response to bytes that are not an HTTP/1.1 request: 400 with the
+    error envelope, and the connection closed (what follows cannot be framed)."""
+    message = (
+        "the request is not valid HTTP/1.1: check its request line, its headers, its "
+        "Content-Length (one, a non-negative integer) and its chunked framing"
+    )
+    return _closing_response(400, "Bad Request", "invalid_http", message)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -89,14 +127,59 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: The most bytes a request's line and headers may have.
-        self.max_header_bytes = _max_header_bytes()
+        #: The most bytes a request's line and headers may have, and the most seconds.
+        self.max_header_bytes, self.header_timeout = _head_limits()
         self._in_head = True  # a connection starts with a request's head
         self._held = 0  # bytes counted against the limit
         self._tail = b""  # the last bytes of the head so far: an end split between reads
         self._last = b""  # the last bytes of the read being parsed
         self._body_in_read = False
         self._refused = False
+        self._refusal = b""  # the response that refuses the request being read
+        self._deadline: asyncio.TimerHandle | None = None  # of the head being read
+        self._head_begun = False  # the parser has seen the first byte of that head
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_deadline()
+        super().connection_lost(exc)
+
+    def _start_deadline(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.header_timeout, self._head_too_slow)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _head_too_slow(self) -> None:
+        """The head being read did not arrive in time: 408, or a plain close when the
+        connection has sent nothing at all."""
+        self._deadline = None
+        if self._refused or self.transport.is_closing():
+            return
+        if not self._head_begun:  # not a byte of a request came
+            self.transport.close()
+            return
+        logger.warning(
+            "refused a request from %s: its head did not arrive within %g s",
+            self.client,
+            self.header_timeout,
+        )
+        self._refuse(own=False, response=head_timed_out(self.header_timeout))
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser cannot take, in the error envelope."""
+        self._stop_deadline()
+        self._refused, self._refusal = True, invalid_http()
+        if self._answered():
+            self._close_refused()
+        else:  # the bytes that failed follow a request still being answered
+            self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # nothing more is parsed
@@ -128,7 +211,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         end = data.find(self.END)
         return len(data) if end < 0 else end + len(self.END)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        self._start_deadline()  # a later request's head: from its first byte
+
     def on_headers_complete(self) -> None:
+        self._stop_deadline()
+        self._head_begun = False
         self._in_head, self._held = False, 0
         super().on_headers_complete()
 
@@ -151,15 +241,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """Whether every request before the refused one has its whole answer sent."""
         return self.cycle is None or self.cycle.response_complete
 
-    def _refuse(self, *, own: bool) -> None:
-        """Refuse the request being read: ``own`` when its head is complete (its trailers
-        are too large), so that its cycle is :attr:`cycle`."""
-        logger.warning(
-            "refused a request from %s: its head or trailers exceeded %d bytes",
-            self.client,
-            self.max_header_bytes,
-        )
-        self._refused = True
+    def _refuse(self, *, own: bool, response: bytes | None = None) -> None:
+        """Refuse the request being read with ``response`` (431 by default): ``own`` when
+        its head is complete (its trailers are too large), so that its cycle is
+        :attr:`cycle`."""
+        if response is None:
+            logger.warning(
+                "refused a request from %s: its head or trailers exceeded %d bytes",
+                self.client,
+                self.max_header_bytes,
+            )
+            response = headers_too_large(self.max_header_bytes)
+        self._stop_deadline()
+        self._refused, self._refusal = True, response
         if own:
             if self.cycle.response_started:  # the app answered before the body's end
                 self.transport.close()
@@ -171,13 +265,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.pause_reading()
 
     def _close_refused(self) -> None:
-        """Send the 431 and end the connection so that the client reads it (and any answer
-        before it) whole: closing a socket with unread bytes sends a reset, which makes
-        the client's kernel drop what it has not read yet. So the write side is shut
-        (after the answer) and what the client still sends is read and dropped until it
-        closes, for at most :data:`LINGER_S` seconds (nginx's lingering close)."""
+        """Send the refusal (431, 408 or 400) and end the connection so that the client
+        reads it (and any answer before it) whole: closing a socket with unread bytes
+        sends a reset, which makes the client's kernel drop what it has not read yet. So
+        the write side is shut (after the answer) and what the client still sends is read
+        and dropped until it closes, for at most :data:`LINGER_S` seconds (nginx's
+        lingering close)."""
         transport = self.transport
-        transport.write(headers_too_large(self.max_header_bytes))
+        transport.write(self._refusal)
         if not transport.can_write_eof():  # TLS
             transport.close()
             return

@@ -145,6 +145,18 @@ class Settings(BaseSettings):
         "service.http_protocol:BoundedHttpToolsProtocol`, as scripts/serve.sh and the image "
         "pass it.",
     )
+    header_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Time a request's line and headers may take to arrive, from their first "
+        "byte (on a new connection, from its start): beyond it 408 `request_timeout` and the "
+        "connection closed (a connection that sent nothing is just closed), so that clients "
+        "trickling heads cannot hold connections (and the process's open files) for ever. "
+        "Idle keep-alive connections between requests have LEAD_KEEP_ALIVE_S instead. Needs "
+        "uvicorn's `--http service.http_protocol:BoundedHttpToolsProtocol`, as "
+        "scripts/serve.sh and the image pass it.",
+    )
     max_vectors_arrow: int = Field(
         default=65_536,
         ge=1,

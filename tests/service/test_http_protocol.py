@@ -25,6 +25,7 @@ from scripts._harness import Server
 REPO = Path(__file__).resolve().parents[2]
 STITCH = "minilm-to-pml3"  # a bundled stitch (models/)
 LIMIT = 8192
+HEAD_TIMEOUT = 1.5  # seconds; every other test sends its heads within it
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
         LEAD_STITCHES=orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
         LEAD_ENABLE_JOBS="false",
         LEAD_MAX_HEADER_BYTES=str(LIMIT),
+        LEAD_HEADER_TIMEOUT_SECONDS=str(HEAD_TIMEOUT),
     ).start()
     try:
         yield "127.0.0.1", running.port
@@ -225,3 +227,73 @@ def test_a_refusal_waits_for_the_answers_before_it(server: tuple[str, int]) -> N
         status, _, refused = _read_response(reader)
         assert status == 431, refused
         assert _closed(reader)
+
+
+def test_a_head_that_stops_arriving_gets_408_and_frees_the_connection(
+    server: tuple[str, int],
+) -> None:
+    """Slowloris: half a header line, then nothing. uvicorn's own protocol kept such
+    connections open for good (ten of them after 100 s), and enough of them fill the
+    process's open files. The deadline answers 408 in the envelope and closes, on a new
+    connection and on a keep-alive one after a served request; a connection that sends
+    nothing is closed without an answer."""
+    partial = b"GET /healthz HTTP/1.1\r\nHost: lead\r\nX-Slow: "
+    with (
+        socket.create_connection(server, timeout=10) as fresh,
+        socket.create_connection(server, timeout=10) as reused,
+        socket.create_connection(server, timeout=10) as silent,
+    ):
+        reused_reader = reused.makefile("rb")
+        reused.sendall(_request(10))
+        assert _read_response(reused_reader)[0] == 200
+        start = time.monotonic()
+        fresh.sendall(partial)
+        reused.sendall(partial)
+        for reader in (fresh.makefile("rb"), reused_reader):
+            status, headers, body = _read_response(reader)
+            assert status == 408, body
+            assert headers["connection"] == "close"
+            error = orjson.loads(body)["error"]
+            assert error["code"] == "request_timeout" and "LEAD_HEADER_TIMEOUT" in error["message"]
+            assert _closed(reader)
+        assert HEAD_TIMEOUT * 0.9 <= time.monotonic() - start < HEAD_TIMEOUT + 5
+        assert _closed(silent.makefile("rb"))  # nothing sent: closed, no answer
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
+
+
+def test_a_head_sent_slowly_but_within_the_deadline_is_served(server: tuple[str, int]) -> None:
+    """The deadline is for the whole head, not for each read: pauses shorter in total
+    pass, and an idle keep-alive connection between requests is not cut by it."""
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for part in (b"GET /healthz HTTP/1.1\r\n", b"Host: lead\r\n", b"\r\n"):
+            sock.sendall(part)
+            time.sleep(HEAD_TIMEOUT / 4)
+        assert _read_response(reader)[0] == 200
+        time.sleep(HEAD_TIMEOUT * 1.5)  # idle between requests: keep-alive's, not ours
+        sock.sendall(_request(10))
+        assert _read_response(reader)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: -5\r\n",
+        b"Content-Length: 3\r\nContent-Length: 4\r\n",
+        b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+    ],
+)
+def test_a_request_that_is_not_http_gets_400_in_the_envelope(
+    server: tuple[str, int], head: bytes
+) -> None:
+    """uvicorn answers what its parser refuses with a plain-text 400; it is the error
+    envelope like every other refusal."""
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\n" + head + b"\r\n{}")
+        status, headers, body = _read_response(reader)
+        assert status == 400, body
+        assert headers["content-type"] == "application/json"
+        assert orjson.loads(body)["error"]["code"] == "invalid_http"
+        assert _closed(reader)
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200

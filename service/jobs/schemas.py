@@ -182,6 +182,7 @@ class JobResources(BaseModel):
         default=0,
         ge=0,
         le=64,
+        strict=True,
         description="Ray `num_gpus`; a gradient method (mlp, invertible, ...) then trains on "
         "`cuda` unless `options.device` says otherwise. Needs `LEAD_RAY_ADDRESS`.",
     )
@@ -235,7 +236,11 @@ class JobCreate(PairsInput):
         "later (e.g. training that diverges) fails the job with a reason.",
     )
     holdout_fraction: float = Field(
-        default=0.2, gt=0, lt=1, description="Share of pairs held out for the scorecard."
+        default=0.2,
+        gt=0,
+        lt=1,
+        strict=True,  # a JSON number only (not "0.3"), as every other job field
+        description="Share of pairs held out for the scorecard.",
     )
     seed: int = Field(
         default=0, ge=0, le=MAX_SEED, strict=True, description="Seed of the split and of the fit."

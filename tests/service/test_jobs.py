@@ -383,6 +383,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     ("unknown method", lambda sf: tiny_body(sf, method="lasso"), 422, "validation_error"),
     ("seed as option", lambda sf: tiny_body(sf, options={"seed": 1}), 422, "validation_error"),
     ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),
+    # a JSON number only, as seed and the options (was taken: an adversarial pass)
+    ("holdout as a string", lambda sf: tiny_body(sf, holdout_fraction="0.3"), 422,
+     "validation_error"),
     ("negative seed", lambda sf: tiny_body(sf, seed=-1), 422, "validation_error"),
     ("too few pairs to split", lambda sf: tiny_body(sf, n=6), 422, "too_few_pairs"),
     # 40 pairs, 30 of them to train: the MLP's early stopping needs 35 (the job failed later)

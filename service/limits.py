@@ -207,7 +207,9 @@ def _content_coding(scope: Scope) -> str | None:
         part.strip().lower()
         for name, value in scope.get("headers", ())
         if name == b"content-encoding"
-        for part in value.decode("latin-1").split(",")
+        # escaped, not guessed: a non-ASCII coding is named as its bytes (b"gz\xc3\xa9ip" as
+        # gz\xc3\xa9ip; decoded as latin-1 it came back as gzÃ£Â©ip)
+        for part in value.decode("ascii", "backslashreplace").split(",")
         if part.strip()
     ]
     codings = [c for c in codings if c != "identity"]  # identity: no coding

@@ -96,8 +96,8 @@ _INT8_MIN_DIM = 16
 _INT8_CANDIDATES = 64
 #: The most rows scored in int8 first at once. Larger batches are scored in float32: the
 #: int8 product is faster, but its wider margin leaves each row ~20-60 candidates to rescore
-#: in a fixed order against ~12 (bundled ``minilm-to-pml3``'s 4,955-key memory, one thread,
-#: SciFact documents and queries: int8 0.33 / 0.93 ms against float 0.40 / 1.40 ms for 1 /
+#: in a fixed order against ~12 (the bundled MiniLM memories of 4,955 keys, one thread,
+#: SciFact queries and documents: int8 0.33 / 0.93 ms against float 0.40 / 1.40 ms for 1 /
 #: 12 rows, but 1.2 / 77 ms against 1.0 / 32 ms for 16 / 1,024). Both give the same bits.
 _INT8_MAX_ROWS = 15
 #: An upper bound on a memory key's norm (keys are unit rows within 1e-2).

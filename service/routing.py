@@ -99,6 +99,30 @@ class StitchEntry:
         return self.stitch.info.target_model
 
 
+#: Rows translated at once on the CPU: a larger request runs in blocks of this many, the
+#: same bytes (every forward is batch-invariant), so that its intermediates stay bounded. A
+#: gated stitch holds ~2,000 floats a row in its MLP alone: 65,536 rows at once (an Arrow
+#: request's limit) raised the server's peak memory by ~3.4 GB, 34 times the request's
+#: bytes (found by an adversarial pass).
+CPU_BLOCK_ROWS = 8192
+
+
+def _joined(parts: list[Translation]) -> Translation:
+    """The answers of consecutive blocks of rows, as one."""
+
+    def join(arrays: list[np.ndarray | None], fill: np.dtype | None = None) -> np.ndarray | None:
+        if all(a is None for a in arrays):
+            return None
+        sizes = [len(p.vectors) for p in parts]
+        filled = [np.zeros(n, fill) if a is None else a for a, n in zip(arrays, sizes, strict=True)]
+        return np.concatenate(filled)
+
+    vectors = np.concatenate([p.vectors for p in parts])
+    confidence = join([p.confidence for p in parts])
+    ood = join([p.out_of_distribution for p in parts])
+    return Translation(vectors, confidence, ood, join([p.rescaled for p in parts], np.dtype(bool)))
+
+
 class Translation(NamedTuple):
     """What :meth:`Route.run` answers for ``n`` input rows."""
 
@@ -273,6 +297,16 @@ class Route:
             problem = self.confidence_problem()
             if problem is not None:
                 raise NoConfidenceError(problem, param="return_confidence")
+        if self.sync_free or len(x) <= CPU_BLOCK_ROWS:
+            return self._run(x, normalize, scored)
+        blocks = range(0, len(x), CPU_BLOCK_ROWS)
+        return _joined(
+            [self._run(x[i : i + CPU_BLOCK_ROWS], normalize, scored, offset=i) for i in blocks]
+        )
+
+    def _run(self, x: np.ndarray, normalize: bool, scored: bool, offset: int = 0) -> Translation:
+        """:meth:`run` of rows ``offset`` on of the request, all at once (the errors name
+        their rows in the request)."""
         zeros: list[tuple[int, Tensor]] = []
         confidence: Tensor | None = None
         ood: Tensor | None = None
@@ -291,7 +325,7 @@ class Route:
                     try:
                         y, rows = normalize_input_rows(entry.stitch, y, inverse=self.inverse)
                     except ZeroVectorError as error:
-                        raise self._zero_row(hop, error.row) from None
+                        raise self._zero_row(hop, offset + error.row) from None
                     if hop == 0:
                         rescaled = rows
                 source = y.to(entry.dtype)
@@ -310,9 +344,9 @@ class Route:
         scores = masks[len(zeros) :]
         for (hop, _), mask in zip(zeros, masks, strict=False):
             if mask.any():
-                raise self._zero_row(hop, int(np.flatnonzero(mask)[0]))
+                raise self._zero_row(hop, offset + int(np.flatnonzero(mask)[0]))
         if not np.isfinite(out).all():  # NumPy: ~10x faster than torch.isfinite on CPU
-            row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
+            row = offset + int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
             raise NonFiniteOutputError(
                 f"the stitch produced NaN or infinity for input[{row}] "
                 "(are its values far outside the source model's range?)",

@@ -221,3 +221,39 @@ def test_served_stitches_are_frozen(dtype: torch.dtype) -> None:
         one = torch.from_numpy(row[None] / np.linalg.norm(row)).to(plain.domain.keys.dtype)
         with torch.inference_mode():
             assert torch.equal(served(one), plain(one))
+
+
+@pytest.mark.parametrize("ids", [("minilm-to-mpnet",), ("minilm-to-mpnet", "mpnet-to-minilm")])
+def test_a_large_request_runs_in_blocks_with_the_same_bytes(
+    ids: tuple[str, ...], scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above CPU_BLOCK_ROWS a request runs block by block (its intermediates bounded):
+    the same vectors, confidences, out-of-distribution flags and rescaled rows as one
+    forward, and a zero vector is named by its row in the whole request."""
+    from service import routing
+
+    route = _route(*ids, sync_free_override=False)
+    x = _inputs(scifact_small)  # 160 rows, every third off unit length
+    whole = {scored: route.run(x, scored=scored, normalize=True) for scored in (False, True)}
+    blocks: list[int] = []
+    run = Route._run
+
+    def counting(self: Route, rows: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        blocks.append(len(rows))
+        return run(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(Route, "_run", counting)
+    monkeypatch.setattr(routing, "CPU_BLOCK_ROWS", 48)
+    for scored in (False, True):
+        blocks.clear()
+        blocked = route.run(x, scored=scored, normalize=True)
+        assert blocks == [48, 48, 48, 16]
+        for got, want in zip(blocked, whole[scored], strict=True):
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+        assert blocked.rescaled_inputs == len(x[::3])
+    x[100] = 0.0
+    with pytest.raises(ZeroVectorError) as raised:
+        route.translate(x)
+    assert raised.value.param == "input[100]" and "input[100]" in str(raised.value)

@@ -60,8 +60,9 @@ stitches and their files), translate and score alignment; `admin` keys may also 
 datasets and jobs and delete stitches. Each operation names its scope in its security
 requirement. On any route, a request line and headers beyond `LEAD_MAX_HEADER_BYTES` (64 KiB
 by default) get 431 `headers_too_large`, ones that take longer than
-`LEAD_HEADER_TIMEOUT_SECONDS` (30 s) to arrive 408 `request_timeout`, and bytes that are not
-an HTTP/1.1 request 400 `invalid_http`; each closes the connection.
+`LEAD_HEADER_TIMEOUT_SECONDS` (30 s) to arrive 408 `request_timeout`, bytes that are not
+an HTTP/1.1 request 400 `invalid_http`, and a `Transfer-Encoding` other than `chunked` alone
+501 `unsupported_transfer_coding`; each closes the connection.
 """
 
 

@@ -18,7 +18,10 @@ between requests): ten connections that had sent half a header line were all sti
 from the head's first byte, or from the connection's start when nothing came, the client
 gets 408 ``request_timeout`` (or, having sent nothing, just the close). And where the
 request is not valid HTTP/1.1 (a negative ``Content-Length``, two of them, bad chunk
-sizes), the 400 that uvicorn answers in plain text is the error envelope too.
+sizes), the 400 that uvicorn answers in plain text is the error envelope too; a
+``Transfer-Encoding`` other than ``chunked`` alone, which the parser would frame as chunked
+and pass on without its other codings (``gzip, chunked``: a compressed body read as
+plain), gets 501 ``unsupported_transfer_coding``.
 
 Used through uvicorn's ``--http service.http_protocol:BoundedHttpToolsProtocol``
 (``scripts/serve.sh``, the Docker image).
@@ -35,7 +38,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.errors import error_response
 
-__all__ = ["BoundedHttpToolsProtocol", "head_timed_out", "headers_too_large", "invalid_http"]
+__all__ = [
+    "BoundedHttpToolsProtocol",
+    "head_timed_out",
+    "headers_too_large",
+    "invalid_http",
+    "transfer_coding_not_implemented",
+]
 
 logger = logging.getLogger("lead.service")
 
@@ -89,6 +98,16 @@ def head_timed_out(seconds: float) -> bytes:
         "(LEAD_HEADER_TIMEOUT_SECONDS)"
     )
     return _closing_response(408, "Request Timeout", "request_timeout", message)
+
+
+def transfer_coding_not_implemented(codings: list[str]) -> bytes:
+    """The whole HTTP response to a request whose ``Transfer-Encoding`` is not ``chunked``
+    alone: 501 with the error envelope (RFC 9112, section 6.1), and the connection closed."""
+    message = (
+        f"Transfer-Encoding {', '.join(codings)} is not supported: send the body as it is "
+        "(with Content-Length) or chunked alone; compress it with Content-Encoding gzip"
+    )
+    return _closing_response(501, "Not Implemented", "unsupported_transfer_coding", message)
 
 
 def invalid_http() -> bytes:
@@ -174,6 +193,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser cannot take, in the error envelope."""
+        if self._refused:  # already answered
+            return
         self._stop_deadline()
         self._refused, self._refusal = True, invalid_http()
         if self._answered():
@@ -220,13 +241,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_deadline()
         self._head_begun = False
         self._in_head, self._held = False, 0
+        codings = [
+            part.strip().lower()
+            for name, value in self.headers
+            if name == b"transfer-encoding"
+            for part in value.decode("ascii", "backslashreplace").split(",")
+        ]
+        if codings and codings != ["chunked"]:
+            # the parser frames the body as chunked and drops the other codings: a
+            # gzip-coded body would reach the app as if it were plain
+            self._refuse(own=False, response=transfer_coding_not_implemented(codings))
+            return
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:  # the rest of a refused request's read
+            return
         self._body_in_read, self._held = True, 0
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         super().on_message_complete()
         # the rest of the read (if any) starts the next request's head
         self._in_head, self._held = True, 0

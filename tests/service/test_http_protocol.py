@@ -297,3 +297,27 @@ def test_a_request_that_is_not_http_gets_400_in_the_envelope(
         assert orjson.loads(body)["error"]["code"] == "invalid_http"
         assert _closed(reader)
     assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate, chunked", b"x-custom, chunked"])
+def test_a_transfer_coding_beside_chunked_gets_501(server: tuple[str, int], coding: bytes) -> None:
+    """The parser frames such a body as chunked and drops the other codings: a gzip-coded
+    body was translated as if it were plain (found by an adversarial pass). RFC 9112: 501."""
+    body = _translate_body()
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        head = b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        sock.sendall(head + b"Transfer-Encoding: " + coding + b"\r\n\r\n" + chunked)
+        status, headers, answer = _read_response(reader)
+        assert status == 501, answer
+        assert headers["content-type"] == "application/json"
+        error = orjson.loads(answer)["error"]
+        assert error["code"] == "unsupported_transfer_coding"
+        assert coding.decode().split(",")[0] in error["message"]
+        assert _closed(reader)
+    with socket.create_connection(server, timeout=10) as sock:  # chunked alone: served
+        reader = sock.makefile("rb")
+        head = b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+        assert _read_response(reader)[0] == 200

@@ -15,8 +15,11 @@ its client keeps the connection open (its keep-alive timeout covers only idle co
 between requests): ten connections that had sent half a header line were all still open
 100 s later, and enough of them fill the process's open files and lock every client out
 (slowloris, found by an adversarial pass). Beyond ``LEAD_HEADER_TIMEOUT_SECONDS`` (30 s)
-from the head's first byte, or from the connection's start when nothing came, the client
-gets 408 ``request_timeout`` (or, having sent nothing, just the close). And where the
+the client gets 408 ``request_timeout`` (or, having sent no request, just the close); the
+time counts for a connection's first request from the connection's start, for a later one
+from its first byte (or, when the server was still busy with earlier requests, from when
+it is done), and blank lines between requests start it too. What follows a refused
+request in the same read never reaches the app. And where the
 request is not valid HTTP/1.1 (a negative ``Content-Length``, two of them, bad chunk
 sizes), the 400 that uvicorn answers in plain text is the error envelope too; a
 ``Transfer-Encoding`` other than ``chunked`` alone, which the parser would frame as chunked
@@ -175,11 +178,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def _busy(self) -> bool:
+        """Whether the server, not the client, holds the connection up: an earlier answer
+        is still being computed or sent, or reading is paused behind queued requests. The
+        next head's time starts when that is done (:meth:`on_response_complete`)."""
+        return not self._answered() or self.flow.read_paused
+
     def _head_too_slow(self) -> None:
         """The head being read did not arrive in time: 408, or a plain close when the
-        connection has sent nothing at all."""
+        connection has sent no request at all (nothing, or only blank lines)."""
         self._deadline = None
-        if self._refused or self.transport.is_closing():
+        if self._refused or self.transport.is_closing() or self._busy():
             return
         if not self._head_begun:  # not a byte of a request came
             self.transport.close()
@@ -197,10 +206,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._stop_deadline()
         self._refused, self._refusal = True, invalid_http()
-        if self._answered():
+        cycle = self.cycle
+        if not self._in_head and cycle is not None and not cycle.response_complete:
+            # the failing bytes are the body of the request being answered: it gets the
+            # 400 (or, when its answer has begun, the close), and its app a disconnect
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+            else:
+                self._close_refused()
+        elif self._answered():
             self._close_refused()
         else:  # the bytes that failed follow a request still being answered
             self.transport.pause_reading()
+
+    def _should_upgrade(self) -> bool:
+        # a refused connection upgrades to nothing (the parser may still report an
+        # upgrade request read in the same bytes)
+        return not self._refused and super()._should_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        if not self._refused:
+            super()._unsupported_upgrade_warning()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # nothing more is parsed
@@ -214,13 +242,24 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(own=False)
                 return
             super().data_received(data)
+            self._after_read()
             return
         self._body_in_read = False
         super().data_received(data)
+        self._after_read()
         if not (self._in_head or self._body_in_read or self._refused):
             self._held += len(data)
             if self._held > self.max_header_bytes:
                 self._refuse(own=True)
+
+    def _after_read(self) -> None:
+        """Bytes that begin no request between requests (blank lines, which the parser
+        skips) still end the keep-alive timer (uvicorn cancels it on every read): they
+        start the head's deadline instead, or a client could hold the connection with a
+        CRLF now and then."""
+        idle = self.timeout_keep_alive_task is None and not self._busy()
+        if idle and self._in_head and not self._refused and not self.transport.is_closing():
+            self._start_deadline()
 
     def _head_part(self, data: bytes) -> int:
         """How many bytes of ``data`` belong to the head being read: up to its blank line
@@ -232,12 +271,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         end = data.find(self.END)
         return len(data) if end < 0 else end + len(self.END)
 
+    # Once a request is refused the parser may still be inside the same read: what follows
+    # (more pipelined requests, their bodies) is dropped, never handed to the app.
+
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._head_begun = True
         self._start_deadline()  # a later request's head: from its first byte
 
+    def on_url(self, url: bytes) -> None:
+        if not self._refused:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._refused:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._stop_deadline()
         self._head_begun = False
         self._in_head, self._held = False, 0
@@ -247,7 +301,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if name == b"transfer-encoding"
             for part in value.decode("ascii", "backslashreplace").split(",")
         ]
-        if codings and codings != ["chunked"]:
+        if codings and codings != ["chunked"] and not self._refused:
             # the parser frames the body as chunked and drops the other codings: a
             # gzip-coded body would reach the app as if it were plain
             self._refuse(own=False, response=transfer_coding_not_implemented(codings))
@@ -272,6 +326,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self._refused and self._answered() and not self.transport.is_closing():
             self._close_refused()
+        elif self._head_begun:
+            if not self._busy():  # a head begun while the server was busy: from now
+                self._stop_deadline()
+                self._start_deadline()
+        else:
+            self._stop_deadline()  # idle: uvicorn's keep-alive timeout takes over
 
     def _answered(self) -> bool:
         """Whether every request before the refused one has its whole answer sent."""

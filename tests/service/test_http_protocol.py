@@ -321,3 +321,111 @@ def test_a_transfer_coding_beside_chunked_gets_501(server: tuple[str, int], codi
         head = b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
         sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
         assert _read_response(reader)[0] == 200
+
+
+_BAD_CODING = (
+    b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    b"0\r\n\r\n"
+)
+_GET = b"GET /healthz HTTP/1.1\r\nHost: lead\r\n\r\n"
+
+
+def _statuses(sock: socket.socket, seconds: float) -> list[int]:
+    """The statuses of the answers read until the server closes (within ``seconds``)."""
+    reader = sock.makefile("rb")
+    statuses = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _closed_or_status(reader, statuses):
+            return statuses
+    raise AssertionError(f"still open after {seconds} s; answers so far {statuses}")
+
+
+def _closed_or_status(reader: BinaryIO, statuses: list[int]) -> bool:
+    try:
+        line = reader.peek(1)
+    except ConnectionResetError:
+        return True
+    if not line:
+        return True
+    statuses.append(_read_response(reader)[0])
+    return False
+
+
+def test_requests_after_a_refusal_in_the_same_read_are_dropped(server: tuple[str, int]) -> None:
+    """What follows a refused request in the same read never reaches the app: a GET after
+    a 501 got a cycle without its body (a 408 30 s later took the 501's place), and an
+    upgrade request after one raised in the server (found by a second adversarial pass)."""
+    upgrade = (
+        b"GET /ws HTTP/1.1\r\nHost: lead\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    for after in (_GET, upgrade, _post_head(10**12)):
+        with socket.create_connection(server, timeout=10) as sock:
+            sock.sendall(_GET + _BAD_CODING + after)
+            assert _statuses(sock, 8) == [200, 501], after
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
+
+
+def test_a_broken_chunk_in_a_body_gets_400_at_once(server: tuple[str, int]) -> None:
+    """A parse error inside the body of the request being answered: the 400 is sent at
+    once (it waited for that very request's answer, until the body timeout's 408)."""
+    head = (
+        b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    for rest in (b"2\r\n{}\r\nzz\r\n", b"0\r\nbad trailer line\r\n\r\n"):
+        with socket.create_connection(server, timeout=10) as sock:
+            start = time.monotonic()
+            sock.sendall(head + rest)
+            assert _statuses(sock, 8) == [400], rest
+            assert time.monotonic() - start < 5
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
+
+
+def test_the_head_deadline_waits_while_the_server_is_busy(tmp_path: Path) -> None:
+    """A head whose first bytes were read while the server was busy with earlier requests
+    (reading paused behind them, the rest of the head unread in the socket) is timed from
+    when the server is free: a slow translate, a GET, and a GET whose head the client
+    finished 50 ms later are all answered (the last got a 408 when the translate took
+    longer than the deadline; found by a second adversarial pass). A server of its own,
+    with a deadline shorter than the translate."""
+    deadline = 0.25
+    x = np.random.default_rng(0).standard_normal((2048, 384)).astype("<f4")
+    payload = {"stitch": STITCH, "input": [base64.b64encode(r.tobytes()).decode() for r in x]}
+    body = orjson.dumps({**payload, "encoding_format": "base64"})  # ~0.4 s: memory rescored
+    running = Server(
+        tmp_path / "data",
+        options=("--http", "service.http_protocol:BoundedHttpToolsProtocol"),
+        LEAD_STITCHES=orjson.dumps([str(REPO / "models" / STITCH)]).decode(),
+        LEAD_ENABLE_JOBS="false",
+        LEAD_HEADER_TIMEOUT_SECONDS=str(deadline),
+    ).start()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+            start = time.monotonic()
+            sock.sendall(_post_head(len(body)) + body + _GET + b"GET /healthz HTTP/1.1\r\n")
+            time.sleep(0.05)
+            sock.sendall(b"Host: lead\r\n\r\n")
+            reader = sock.makefile("rb")
+            statuses = [_read_response(reader)[0] for _ in range(3)]
+            busy = time.monotonic() - start
+    finally:
+        running.stop()
+    assert statuses == [200, 200, 200]
+    if busy <= deadline:
+        pytest.skip(f"the translate took {busy:.2f} s: too short to show the case")
+
+
+def test_blank_lines_between_requests_do_not_hold_a_connection(server: tuple[str, int]) -> None:
+    """The parser skips CRLFs between requests without starting one, and uvicorn stops the
+    keep-alive timer on any read: a CRLF now and then held a connection for good. The head
+    deadline covers them."""
+    with socket.create_connection(server, timeout=10) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(_GET)
+        assert _read_response(reader)[0] == 200
+        start = time.monotonic()
+        sock.sendall(b"\r\n")
+        assert _closed(reader)
+        assert time.monotonic() - start < HEAD_TIMEOUT + 5

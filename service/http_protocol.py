@@ -159,6 +159,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._refusal = b""  # the response that refuses the request being read
         self._deadline: asyncio.TimerHandle | None = None  # of the head being read
+        self._running: Any = None  # the cycle of the request whose app runs (or ran) last
         self._head_begun = False  # the parser has seen the first byte of that head
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -208,18 +209,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._refused, self._refusal = True, invalid_http()
         cycle = self.cycle
         if not self._in_head and cycle is not None and not cycle.response_complete:
-            # the failing bytes are the body of the request being answered: it gets the
-            # 400 (or, when its answer has begun, the close), and its app a disconnect
+            # the failing bytes are the body (or trailers) of the last request begun: its
+            # app gets a disconnect, and the 400 goes after the answers before it
             cycle.disconnected = True
             cycle.message_event.set()
-            if cycle.response_started:
-                self.transport.close()
-            else:
-                self._close_refused()
-        elif self._answered():
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            if not queued:  # being answered: the 400 now (or the close, once it has begun)
+                if cycle.response_started:
+                    self.transport.close()
+                else:
+                    self._close_refused()
+                return
+            self.pipeline.remove(queued[0])  # queued behind another: it never runs
+            self.cycle = self._running
+        if self._answered():
             self._close_refused()
         else:  # the bytes that failed follow a request still being answered
             self.transport.pause_reading()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def _should_upgrade(self) -> bool:
         # a refused connection upgrades to nothing (the parser may still report an

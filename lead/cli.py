@@ -397,8 +397,10 @@ def _warn_below_baseline(scorecard: dict[str, Any] | None) -> None:
     (a job would keep such a stitch but not serve it)."""
     from lead.scorecard import below_baseline_cause
 
-    r2 = (scorecard or {}).get("r2_score")
-    if scorecard is None or r2 is None or r2 > 0:
+    if scorecard is None:
+        return
+    r2 = scorecard.get("r2_score")
+    if r2 is None or r2 > 0:
         return
     sys.stderr.write(
         f"warning: held-out r2_score {r2:.3f} is at or below the mean-estimator baseline (0): "

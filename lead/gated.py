@@ -50,8 +50,8 @@ __all__ = ["check_gated_options", "fit_gated", "gate_bounds"]
 DOMAIN_SHARE = 0.5
 #: The narrowest gate: its bounds stay apart in float32 around any cosine.
 MIN_GATE_WIDTH = 1e-4
-#: Neighbours of the general memory averaged by default.
-GENERAL_K = 20
+#: Neighbours of the general memory averaged by default (the stitch's own default).
+GENERAL_K: int = GatedStitch.optional_config_keys["general_k"]
 
 
 def check_gated_options(

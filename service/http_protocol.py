@@ -205,27 +205,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's answer to bytes its parser cannot take, in the error envelope."""
         if self._refused:  # already answered
             return
-        self._stop_deadline()
-        self._refused, self._refusal = True, invalid_http()
         cycle = self.cycle
-        if not self._in_head and cycle is not None and not cycle.response_complete:
-            # the failing bytes are the body (or trailers) of the last request begun: its
-            # app gets a disconnect, and the 400 goes after the answers before it
+        # the failing bytes may be the body (or trailers) of the last request begun
+        own = not self._in_head and cycle is not None and not cycle.response_complete
+        queued = [entry for entry in self.pipeline if own and entry[0] is cycle]
+        if queued:  # that request waits behind another: it never runs, the 400 follows
+            self.pipeline.remove(queued[0])
             cycle.disconnected = True
-            cycle.message_event.set()
-            queued = [entry for entry in self.pipeline if entry[0] is cycle]
-            if not queued:  # being answered: the 400 now (or the close, once it has begun)
-                if cycle.response_started:
-                    self.transport.close()
-                else:
-                    self._close_refused()
-                return
-            self.pipeline.remove(queued[0])  # queued behind another: it never runs
-            self.cycle = self._running
-        if self._answered():
-            self._close_refused()
-        else:  # the bytes that failed follow a request still being answered
-            self.transport.pause_reading()
+            self.cycle, own = self._running, False
+        self._refuse(own=own, response=invalid_http())
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._running = cycle
@@ -311,7 +299,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if name == b"transfer-encoding"
             for part in value.decode("ascii", "backslashreplace").split(",")
         ]
-        if codings and codings != ["chunked"] and not self._refused:
+        if codings and codings != ["chunked"]:
             # the parser frames the body as chunked and drops the other codings: a
             # gzip-coded body would reach the app as if it were plain
             self._refuse(own=False, response=transfer_coding_not_implemented(codings))
@@ -349,8 +337,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, *, own: bool, response: bytes | None = None) -> None:
         """Refuse the request being read with ``response`` (431 by default): ``own`` when
-        its head is complete (its trailers are too large), so that its cycle is
-        :attr:`cycle`."""
+        its head is complete (its trailers are too large, its body cannot be parsed) and
+        its app runs, so that its cycle is :attr:`cycle`."""
         if response is None:
             logger.warning(
                 "refused a request from %s: its head or trailers exceeded %d bytes",
@@ -361,6 +349,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_deadline()
         self._refused, self._refusal = True, response
         if own:
+            # its app is told the client is gone: nothing it sends follows the refusal
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
             if self.cycle.response_started:  # the app answered before the body's end
                 self.transport.close()
             else:

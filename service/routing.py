@@ -107,22 +107,6 @@ class StitchEntry:
 CPU_BLOCK_ROWS = 8192
 
 
-def _joined(parts: list[Translation]) -> Translation:
-    """The answers of consecutive blocks of rows, as one."""
-
-    def join(arrays: list[np.ndarray | None], fill: np.dtype | None = None) -> np.ndarray | None:
-        if all(a is None for a in arrays):
-            return None
-        sizes = [len(p.vectors) for p in parts]
-        filled = [np.zeros(n, fill) if a is None else a for a, n in zip(arrays, sizes, strict=True)]
-        return np.concatenate(filled)
-
-    vectors = np.concatenate([p.vectors for p in parts])
-    confidence = join([p.confidence for p in parts])
-    ood = join([p.out_of_distribution for p in parts])
-    return Translation(vectors, confidence, ood, join([p.rescaled for p in parts], np.dtype(bool)))
-
-
 class Translation(NamedTuple):
     """What :meth:`Route.run` answers for ``n`` input rows."""
 
@@ -139,6 +123,28 @@ class Translation(NamedTuple):
     def rescaled_inputs(self) -> int:
         """How many rows were scaled to unit length before the first stitch."""
         return 0 if self.rescaled is None else int(self.rescaled.sum())
+
+    @staticmethod
+    def joined(parts: list[Translation]) -> Translation:
+        """The answers of consecutive blocks of rows, as one (:meth:`rows` undone): every
+        block is scored or none is; a block without rescaled rows has ``rescaled`` None."""
+
+        def cat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+            if all(a is None for a in arrays):
+                return None
+            return np.concatenate(
+                [
+                    np.zeros(len(p.vectors), bool) if a is None else a
+                    for p, a in zip(parts, arrays, strict=True)
+                ]
+            )
+
+        return Translation(
+            np.concatenate([p.vectors for p in parts]),
+            cat([p.confidence for p in parts]),
+            cat([p.out_of_distribution for p in parts]),
+            cat([p.rescaled for p in parts]),
+        )
 
     def rows(self, start: int, stop: int) -> Translation:
         """The answer for input rows ``start:stop``."""
@@ -300,7 +306,7 @@ class Route:
         if self.sync_free or len(x) <= CPU_BLOCK_ROWS:
             return self._run(x, normalize, scored)
         blocks = range(0, len(x), CPU_BLOCK_ROWS)
-        return _joined(
+        return Translation.joined(
             [self._run(x[i : i + CPU_BLOCK_ROWS], normalize, scored, offset=i) for i in blocks]
         )
 

@@ -152,11 +152,10 @@ class Settings(BaseSettings):
         description="Time a request's line and headers may take to arrive (a connection's "
         "first request: from the connection's start; a later one: from its first byte, or "
         "from when the server finished the earlier answers): beyond it 408 `request_timeout` "
-        "and the "
-        "connection closed (a connection that sent nothing is just closed), so that clients "
-        "trickling heads cannot hold connections (and the process's open files) for ever. "
-        "Idle keep-alive connections between requests have LEAD_KEEP_ALIVE_S instead. Needs "
-        "uvicorn's `--http service.http_protocol:BoundedHttpToolsProtocol`, as "
+        "and the connection closed (a connection that sent nothing is just closed), so that "
+        "clients trickling heads cannot hold connections (and the process's open files) for "
+        "ever. Idle keep-alive connections between requests have LEAD_KEEP_ALIVE_S instead. "
+        "Needs uvicorn's `--http service.http_protocol:BoundedHttpToolsProtocol`, as "
         "scripts/serve.sh and the image pass it.",
     )
     max_vectors_arrow: int = Field(

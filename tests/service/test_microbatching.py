@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 from service_helpers import b64
 
 from lead.errors import ZeroVectorError
@@ -31,7 +32,8 @@ STITCH = "minilm-to-mpnet"  # bundled: the MLP stitch, fitted on unit-length vec
 
 def _settings(**overrides: Any) -> Settings:
     overrides.setdefault("stitches", [str(MODELS / STITCH)])
-    return Settings(device="cpu", load_in_background=False, **overrides)
+    overrides.setdefault("device", "cpu")
+    return Settings(load_in_background=False, **overrides)
 
 
 def _vectors(scifact_small: Any) -> np.ndarray:
@@ -43,12 +45,22 @@ def _sample(app: Any, name: str) -> float:
     return float(app.state.metrics.registry.get_sample_value(name) or 0.0)
 
 
+@pytest.mark.parametrize(
+    ("device", "stitch"),
+    [
+        ("cpu", STITCH),
+        # on a GPU: fixed tiles; the other bundled gated stitch (what the GPU run carries)
+        pytest.param("cuda", "minilm-to-pml3", marks=pytest.mark.gpu),
+    ],
+)
 def test_translations_are_the_same_bytes_alone_batched_and_micro_batched(
-    scifact_small: Any,
+    device: str, stitch: str, scifact_small: Any
 ) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     x = _vectors(scifact_small)
     strings = b64(x)
-    app = create_app(_settings())
+    app = create_app(_settings(stitches=[str(MODELS / stitch)], device=device))
 
     async def main() -> dict[str, list[str]]:
         async with app.router.lifespan_context(app):
@@ -56,7 +68,7 @@ def test_translations_are_the_same_bytes_alone_batched_and_micro_batched(
             async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
 
                 async def translate(rows: list[str]) -> list[str]:
-                    body = {"stitch": STITCH, "input": rows, "encoding_format": "base64"}
+                    body = {"stitch": stitch, "input": rows, "encoding_format": "base64"}
                     r = await http.post("/v1/translate", json=body)
                     assert r.status_code == 200, r.text  # no 429 at the default limits
                     return [item["embedding"] for item in r.json()["data"]]

@@ -40,6 +40,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.errors import error_response
+from service.headers import header_list
 
 __all__ = [
     "BoundedHttpToolsProtocol",
@@ -293,12 +294,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_deadline()
         self._head_begun = False
         self._in_head, self._held = False, 0
-        codings = [
-            part.strip().lower()
-            for name, value in self.headers
-            if name == b"transfer-encoding"
-            for part in value.decode("ascii", "backslashreplace").split(",")
-        ]
+        codings = header_list(self.headers, b"transfer-encoding")
         if codings and codings != ["chunked"]:
             # the parser frames the body as chunked and drops the other codings: a
             # gzip-coded body would reach the app as if it were plain

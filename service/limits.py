@@ -56,6 +56,7 @@ from lead.errors import (
     UnsupportedMediaTypeError,
 )
 from service.errors import lead_error_response
+from service.headers import header_list
 from service.paths import route_path
 
 __all__ = [
@@ -203,16 +204,11 @@ _CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate
 
 def _content_coding(scope: Scope) -> str | None:
     """The request's ``Content-Encoding`` (lower case), or None for none or identity."""
-    codings: list[str] = [
-        part.strip().lower()
-        for name, value in scope.get("headers", ())
-        if name == b"content-encoding"
-        # escaped, not guessed: a non-ASCII coding is named as its bytes (b"gz\xc3\xa9ip" as
-        # gz\xc3\xa9ip; decoded as latin-1 it came back as gzÃ£Â©ip)
-        for part in value.decode("ascii", "backslashreplace").split(",")
-        if part.strip()
+    codings = [
+        c  # identity: no coding
+        for c in header_list(scope.get("headers", ()), b"content-encoding")
+        if c != "identity"
     ]
-    codings = [c for c in codings if c != "identity"]  # identity: no coding
     if not codings:
         return None
     if len(codings) > 1 or codings[0] not in _CODINGS:

@@ -50,8 +50,12 @@ __all__ = ["check_gated_options", "fit_gated", "gate_bounds"]
 DOMAIN_SHARE = 0.5
 #: The narrowest gate: its bounds stay apart in float32 around any cosine.
 MIN_GATE_WIDTH = 1e-4
-#: Neighbours of the general memory averaged by default (the stitch's own default).
+#: The general memory's defaults (the stitch's own): neighbours averaged, softmax
+#: temperature, sink cosine and strength.
 GENERAL_K: int = GatedStitch.optional_config_keys["general_k"]
+GENERAL_TEMPERATURE: float = GatedStitch.optional_config_keys["general_temperature"]
+GENERAL_SINK: float = GatedStitch.optional_config_keys["general_sink"]
+GENERAL_STRENGTH: float = GatedStitch.optional_config_keys["general_strength"]
 
 
 def check_gated_options(
@@ -71,9 +75,9 @@ def check_gated_options(
     gate_width: Any = 0.1,
     general_memory: Any = None,
     general_k: Any = GENERAL_K,
-    general_temperature: Any = 0.1,
-    general_sink: Any = 0.4,
-    general_strength: Any = 1.0,
+    general_temperature: Any = GENERAL_TEMPERATURE,
+    general_sink: Any = GENERAL_SINK,
+    general_strength: Any = GENERAL_STRENGTH,
 ) -> None:
     """Check the options of :func:`fit_gated` before any work.
 
@@ -151,9 +155,9 @@ def fit_gated(
     gate_width: float = 0.1,
     general_memory: int | None = None,
     general_k: int = GENERAL_K,
-    general_temperature: float = 0.1,
-    general_sink: float = 0.4,
-    general_strength: float = 1.0,
+    general_temperature: float = GENERAL_TEMPERATURE,
+    general_sink: float = GENERAL_SINK,
+    general_strength: float = GENERAL_STRENGTH,
     calibrate_variance: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,

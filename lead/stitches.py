@@ -848,11 +848,11 @@ class GatedStitch(Stitch):
         gate_low: float = 0.4,
         gate_high: float = 0.5,
         expert_scales: bool = False,
-        general_memory: int = 0,
-        general_k: int = 20,
-        general_temperature: float = 0.1,
-        general_sink: float = 0.4,
-        general_strength: float = 1.0,
+        general_memory: int = optional_config_keys["general_memory"],
+        general_k: int = optional_config_keys["general_k"],
+        general_temperature: float = optional_config_keys["general_temperature"],
+        general_sink: float = optional_config_keys["general_sink"],
+        general_strength: float = optional_config_keys["general_strength"],
         **kwargs: Any,
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)

@@ -210,6 +210,14 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
                 "base64 strings",
                 param=f"input[{i}]",
             )
+        # what a row holds before how long it is: a row of strings is not a vector of the
+        # wrong length (its length is fixed once they are numbers)
+        for value in row:
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise InvalidInputError(
+                    f"input[{i}] contains {_json_kind(value)}, not a number",
+                    param=f"input[{i}]",
+                )
         lengths.add(len(row))
         if len(row) != d_src:
             ragged = " (ragged batch: vectors of different lengths)" if len(lengths) > 1 else ""
@@ -219,12 +227,6 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
                 got=len(row),
                 param=f"input[{i}]",
             )
-        for value in row:
-            if isinstance(value, bool) or not isinstance(value, Real):
-                raise InvalidInputError(
-                    f"input[{i}] contains {_json_kind(value)}, not a number",
-                    param=f"input[{i}]",
-                )
     # Every row is a list of d_src numbers, yet NumPy made an object array: integers beyond
     # float64 (310-640 digits; longer ones are refused as they are parsed). Infinite, like
     # 1e400: the finiteness check names the row and column (422 non_finite_input).

@@ -194,6 +194,21 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
         ["input[0]", "not a number"],
     ),
     (
+        # what the row holds is named first: its length is fixed once they are numbers
+        "a short vector of strings",
+        {"json": {"stitch": STITCH, "input": [["a", "b"]]}},
+        400,
+        "invalid_input",
+        ["input[0] contains the string 'a', not a number"],
+    ),
+    (
+        "a short vector of strings after a good one",
+        {"json": {"stitch": STITCH, "input": [[0.1] * 384, ["0.1"] * 3]}},
+        400,
+        "invalid_input",
+        ["input[1] contains the string '0.1', not a number"],
+    ),
+    (
         "null inside a vector",
         {"json": {"stitch": STITCH, "input": [[0.1] * 383 + [None]]}},
         400,

@@ -109,7 +109,13 @@ def query_options(params: Iterable[tuple[str, str]]) -> TranslateOptions:
     for key, value in params:
         if key in fields:
             raise _query_error(key, "given more than once; give each option once", value)
-        fields[key] = _BOOLEANS.get(value, value) if key in _BOOLEAN_OPTIONS else value
+        if key in _BOOLEAN_OPTIONS:
+            # any case: Python's requests sends params={"normalize": True} as "True"
+            if value.lower() not in _BOOLEANS:
+                raise _query_error(key, f"must be true or false, got {value!r}", value)
+            fields[key] = _BOOLEANS[value.lower()]
+        else:
+            fields[key] = value
     if "encoding_format" in fields:
         raise _query_error(
             "encoding_format",

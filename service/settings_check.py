@@ -3,7 +3,8 @@ wrong, with exit status 1.
 
 ``scripts/serve.sh`` and the Docker image run it before uvicorn: with ``LEAD_WORKERS`` > 1,
 uvicorn's supervisor would restart workers that refuse the settings forever instead of
-stopping. The device is checked too (``create_app`` refuses CUDA where there is none), and,
+stopping. The device is checked too (``create_app`` refuses CUDA where there is none), so
+is every ``LEAD_STITCHES`` entry that can only be a local folder or a bundled id, and,
 when the server runs jobs, what the jobs need: the job database answers
 (``LEAD_DATABASE_URL``), the stitch store can be opened and a stitch folder written
 (``LEAD_STITCH_STORE``), the Ray head's port answers (``LEAD_RAY_ADDRESS``). Messages never
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from lead.errors import LeadError
+from lead.errors import LeadError, StitchNotFoundError
 from service.loader import resolve_device
 from service.settings import Settings
 
@@ -35,6 +36,30 @@ def _writable_folder(folder: Path) -> None:
         here = here.parent
     if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
         raise OSError(f"LEAD_STITCH_STORE: cannot write stitches under {folder} ({here})")
+
+
+def _check_stitches(settings: Settings) -> None:
+    """Each ``LEAD_STITCHES`` entry that can only be local (not of a Hub id's form: a
+    folder or a bundled stitch's id, or a path under a folder that exists) names one: a
+    misspelt id left a server that started and was never ready (``/readyz`` 503 for
+    good). Hub ids are not fetched here."""
+    from lead.artifacts import stitch_folder
+    from service.loader import parse_stitch_ref
+
+    for text in settings.stitches or ():
+        ref = parse_stitch_ref(text)
+        path = Path(ref.location)
+        if ref.origin == "hub" and path.parent.is_dir() and not path.exists():
+            # "models/minilm-to-mpnett": a Hub id's form, but models/ is a folder here
+            raise StitchNotFoundError(
+                f"LEAD_STITCHES: no stitch folder {text!r}: the folder {path.parent} has no "
+                f"{path.name!r}"
+            )
+        if ref.origin == "local":
+            try:
+                stitch_folder(ref.location)
+            except StitchNotFoundError as exc:
+                raise StitchNotFoundError(f"LEAD_STITCHES: {exc.message}") from None
 
 
 def _check_jobs(settings: Settings) -> None:
@@ -106,6 +131,7 @@ def main() -> int:
     try:
         settings = Settings()
         resolve_device(settings.device)
+        _check_stitches(settings)
         if settings.enable_jobs:
             _check_jobs(settings)
     except LeadError as exc:

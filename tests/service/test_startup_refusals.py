@@ -140,3 +140,19 @@ def test_a_refused_setting_is_named_by_its_variable_and_a_misspelt_one_is_warned
     assert "pydantic.dev" not in check.stderr and PASSWORD not in check.stderr
     good = _settings_check(_env(tmp_path, LEAD_SHARED_DATA="/nowhere"))  # not a setting: quiet
     assert good.returncode == 0 and "LEAD_SHARED_DATA" not in good.stderr
+
+
+def test_a_misspelt_local_stitch_is_caught_by_the_check(tmp_path: Path) -> None:
+    """A misspelt bundled id in ``LEAD_STITCHES`` passed the check; the server started and
+    ``/readyz`` stayed 503 for good (a new user's trial). Hub ids are left to the loader."""
+    check = _settings_check(_env(tmp_path, LEAD_STITCHES="minilm-to-mpnt,minilm-to-pml3"))
+    assert check.returncode == 1
+    assert check.stderr.startswith(
+        "LEAD settings: LEAD_STITCHES: no stitch folder, bundled stitch or Hub repo "
+        "'minilm-to-mpnt' (bundled: "
+    ), check.stderr
+    check = _settings_check(_env(tmp_path, LEAD_STITCHES='["models/minilm-to-mpnett"]'))
+    assert check.returncode == 1
+    assert "no stitch folder 'models/minilm-to-mpnett': the folder models has no" in check.stderr
+    good = "minilm-to-mpnet,models/minilm-to-pml3,some-org/some-stitch@v1"
+    assert _settings_check(_env(tmp_path, LEAD_STITCHES=good)).returncode == 0

@@ -42,6 +42,12 @@ from lead.splits import holdout_split
 __all__ = ["build_parser", "main"]
 
 
+#: What a stitch argument takes (``lead.artifacts.stitch_folder``).
+STITCH_ARGUMENT_HELP = (
+    "a bundled stitch id (minilm-to-mpnet), a stitch folder or a Hub repo id org/name[@revision]"
+)
+
+
 def _load_pairs(
     sources: Sequence[str], targets: Sequence[str]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -469,10 +475,17 @@ def _translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from lead._durable import atomic_write
-    from lead.data import EmbeddingReader, EmbeddingWriter, parse_spec
+    from lead.data import SUFFIXES, EmbeddingReader, EmbeddingWriter, parse_spec
     from lead.migrate.translator import LocalTranslator
     from lead.unit_input import expects_unit_input
 
+    # before the stitch is loaded and the progress bar shown
+    if args.batch_size < 1:
+        raise InvalidInputError("--batch-size must be at least 1", param="batch_size")
+    if parse_spec(args.output)[0].suffix.lower() not in SUFFIXES:
+        raise InvalidInputError(
+            f"--output {args.output}: output must be .npy or .safetensors", param="output"
+        )
     for flag, spec in (("output", args.output), ("confidence-output", args.confidence_output)):
         path = None if spec is None else parse_spec(spec)[0]  # out.safetensors:tensor
         if path is not None and path.exists() and not args.force:
@@ -711,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mean. A stitch card's figures come from its own fit data: scored on other files, "
         "or on the same ones in another order, they differ.",
     )
-    score.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
+    score.add_argument("stitch", help=STITCH_ARGUMENT_HELP)
     _add_pair_arguments(score)
     score.add_argument("--all", action="store_true", help="score on every row (no split)")
     score.add_argument(
@@ -724,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(handler=_score_command)
 
     translate = commands.add_parser("translate", help="translate an embedding file")
-    translate.add_argument("stitch", help="stitch folder or Hub id org/name[@revision]")
+    translate.add_argument("stitch", help=STITCH_ARGUMENT_HELP)
     translate.add_argument("--input", required=True, metavar="FILE[:TENSOR]")
     translate.add_argument(
         "--output", required=True, type=text_argument, metavar="FILE", help=".npy or .safetensors"
@@ -739,7 +752,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its cosine with the target model's own vector) and count the rows out of "
         "distribution; needs a stitch with a confidence head",
     )
-    translate.add_argument("--batch-size", type=int, default=4096)
+    translate.add_argument(
+        "--batch-size",
+        type=int,
+        default=4096,
+        help="rows read and translated at a time (4096); the output is the same bytes "
+        "whatever it is",
+    )
     translate.add_argument(
         "--inverse",
         action="store_true",

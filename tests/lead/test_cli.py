@@ -249,6 +249,15 @@ def test_translate_and_score_errors_exit_2(
     missing = ["score", str(tmp_path / "none"), "--source", str(DATA), "--target", str(DATA)]
     assert main(missing) == 2
     assert "no stitch" in capsys.readouterr().err
+    # refused before any work: no progress bar (it ran to 100 % for a .txt output)
+    good = ["translate", str(out), "--input", f"{DATA}:minilm_queries", "--output"]
+    for args, message in [
+        ([str(tmp_path / "o.txt")], "--output " + str(tmp_path / "o.txt") + ": output must be"),
+        ([str(tmp_path / "o.npy"), "--batch-size", "0"], "--batch-size must be at least 1"),
+    ]:
+        assert main(good + args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and "translate:" not in err, err
 
 
 def test_score_names_the_files_the_stitch_does_not_fit(

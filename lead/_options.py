@@ -50,7 +50,7 @@ def parse_option_items(items: Sequence[str]) -> dict[str, Any]:
             raise InvalidInputError(f"--option must look like key=value, got {item!r}", param=item)
         try:
             options[key.strip()] = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON: the text itself
             options[key.strip()] = raw
     return options
 

@@ -152,7 +152,7 @@ def is_replaceable(folder: Path) -> bool:
         return False
     try:
         return bool(json.loads((folder / CONFIG_FILE).read_text()).get("format") == FORMAT)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -327,6 +327,10 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
         raise StitchFormatError(f"{folder} has no {CONFIG_FILE}", param="stitch") from None
     except (OSError, ValueError) as error:
         raise StitchFormatError(f"cannot read {folder / CONFIG_FILE}: {error}") from None
+    except RecursionError:  # json's parser recurses once per level
+        raise StitchFormatError(
+            f"cannot read {folder / CONFIG_FILE}: arrays or objects nested too deeply"
+        ) from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise StitchFormatError(f"{folder / CONFIG_FILE} is not a {FORMAT!r} config")
     version = config.get("format_version")

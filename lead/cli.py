@@ -198,6 +198,10 @@ def _holdout_ids(
         ids = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise InvalidInputError(f"--ids {path}: not a readable JSON list ({exc})") from None
+    except RecursionError:  # json's parser recurses once per level
+        raise InvalidInputError(
+            f"--ids {path}: not a JSON list of ids (nested too deeply)", param="ids"
+        ) from None
     pair = (holdout_from or 1) - 1
     rows = sizes[pair] if holdout_from is not None else sum(sizes)
     if not isinstance(ids, list) or len(ids) != rows:

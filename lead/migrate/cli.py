@@ -181,8 +181,8 @@ def read_qrels(path: str) -> dict[str, dict[str, int]]:
         try:
             loaded = json.loads(text)
             return {str(q): {str(d): int(g) for d, g in docs.items()} for q, docs in loaded.items()}
-        except (ValueError, AttributeError, TypeError) as error:
-            raise InvalidInputError(f"{path}: not a JSON qrels object ({error})") from None
+        except (ValueError, AttributeError, TypeError, RecursionError) as error:
+            raise InvalidInputError(f"{path}: not a JSON qrels object ({error!r})") from None
     qrels: dict[str, dict[str, int]] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split("\t")

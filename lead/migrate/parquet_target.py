@@ -70,7 +70,7 @@ def _part_number(part: Path) -> int | None:
 def _read_manifest(manifest: Path) -> dict[str, Any]:
     try:
         value = json.loads(manifest.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise DecodeError(
             f"{manifest} is damaged ({error}); remove the folder {manifest.parent} to start "
             "the migration over",
@@ -291,7 +291,7 @@ class ParquetTarget(Closing):
         try:
             metas = [pq.read_metadata(part) for part in parts]
             state = json.loads((metas[-1].metadata or {})[_POSITION_KEY])
-        except (pa.ArrowException, OSError, KeyError, ValueError) as error:
+        except (pa.ArrowException, OSError, KeyError, ValueError, RecursionError) as error:
             raise DecodeError(
                 f"a part in {self.path} is damaged or not LEAD's ({error!r}); remove the "
                 "folder to start the migration over",

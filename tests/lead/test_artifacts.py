@@ -20,6 +20,7 @@ import lead.artifacts
 from lead.artifacts import (
     ARTIFACT_FILES,
     BUNDLED_MODELS_DIR,
+    is_replaceable,
     load_stitch,
     push_stitch,
     read_stitch_config,
@@ -359,6 +360,15 @@ def test_a_huge_config_is_refused_unread(saved: Path) -> None:
         config.truncate(64 << 20)  # sparse: no disk, but read whole it took the memory
     with pytest.raises(StitchFormatError, match="a stitch config holds at most"):
         load_stitch(saved)
+
+
+def test_a_deeply_nested_config_is_a_format_error(saved: Path) -> None:
+    """json's parser recurses once per level: RecursionError escaped (a traceback from the
+    CLI, a failed stitch with a logged traceback in the service)."""
+    (saved / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(StitchFormatError, match="nested too deeply"):
+        load_stitch(saved)
+    assert not is_replaceable(saved)
 
 
 def test_tensors_declared_in_config_must_match(saved: Path) -> None:

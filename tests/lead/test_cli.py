@@ -343,6 +343,9 @@ def test_fit_rejects_ids_of_the_wrong_length(
     ids.write_text(json.dumps(["a", "b"]))
     assert main(_fit_args(tmp_path / "x", "--ids", str(ids))) == 2
     assert "400 ids" in capsys.readouterr().err
+    ids.write_text("[" * 100_000 + "]" * 100_000)  # json's parser recursed out: a traceback
+    assert main(_fit_args(tmp_path / "x", "--ids", str(ids))) == 2
+    assert "not a JSON list of ids (nested too deeply)" in capsys.readouterr().err
 
 
 def test_fit_mlp_progress_bar_ends_full_when_training_stops_early(

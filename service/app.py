@@ -154,6 +154,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # /v1/jobs/ is a 404 in the error envelope, not a bare 307 to a Location built
+        # from the request's Host header
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()

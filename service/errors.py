@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.routing import compile_path
+from starlette.routing import Match, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import errors as le
@@ -249,7 +249,7 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code
     headers = dict(exc.headers or {})
     if status == 404:
-        message = f"no route {echo(request.url.path)}"
+        message = f"no route {echo(request.url.path)}{_slash_hint(request)}"
     elif status == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
         allowed = _allowed_methods(request)
@@ -266,6 +266,18 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
         request_id=request_id_of(request.scope),
         headers=headers,
     )
+
+
+def _slash_hint(request: Request) -> str:
+    """``" (without the trailing slash: /v1/jobs)"`` when the path without its trailing
+    slash is a route (the app answers ``/v1/jobs/`` with 404, not a redirect), else ``""``."""
+    path = request.url.path
+    if len(path) < 2 or not path.endswith("/"):
+        return ""
+    scope = {**request.scope, "path": path.rstrip("/")}
+    if any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes):
+        return f" (without the trailing slash: {echo(scope['path'])})"
+    return ""
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -417,6 +417,12 @@ def test_framework_errors_use_the_envelope(client: TestClient, queries: Any) -> 
     assert r.headers["allow"] == "DELETE, GET"
     r = client.get("/v2/nothing")
     _check_envelope(r, 404, "not_found", ["/v2/nothing"])
+    # a trailing slash: 404 in the envelope, not a bare 307 to a Location built from the
+    # request's Host header (an adversarial pass)
+    for method, path in [("GET", "/v1/jobs/"), ("POST", "/v1/translate/")]:
+        r = client.request(method, path, headers={"host": "evil.example"}, follow_redirects=False)
+        _check_envelope(r, 404, "not_found", [f"without the trailing slash: '{path[:-1]}'"])
+        assert "location" not in r.headers
     r = client.get("/v1/stitches/org/none@abc")
     _check_envelope(r, 404, "stitch_not_found", ["org/none@abc"])
     _good(client, queries)

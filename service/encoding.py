@@ -33,6 +33,7 @@ __all__ = [
     "check_vector_count",
     "decode_vectors",
     "float32_rows",
+    "json_kind",
     "reject_bools",
     "render_embeddings",
 ]
@@ -113,7 +114,7 @@ def reject_bools(items: list[Any]) -> None:
         if bool in map(type, row):
             value = next(v for v in row if type(v) is bool)
             raise InvalidInputError(
-                f"input[{i}] contains {_json_kind(value)}, not a number", param=f"input[{i}]"
+                f"input[{i}] contains {json_kind(value)}, not a number", param=f"input[{i}]"
             )
 
 
@@ -215,7 +216,7 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
         for value in row:
             if isinstance(value, bool) or not isinstance(value, Real):
                 raise InvalidInputError(
-                    f"input[{i}] contains {_json_kind(value)}, not a number",
+                    f"input[{i}] contains {json_kind(value)}, not a number",
                     param=f"input[{i}]",
                 )
         lengths.add(len(row))
@@ -235,7 +236,7 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
         return np.array(rows, dtype=np.float64)
 
 
-def _json_kind(value: object) -> str:
+def json_kind(value: object) -> str:
     """How a JSON value that is not a number reads in an error: ``null``, ``true``, a string
     (quoted, cut to 40 characters), an array, an object."""
     if value is None:

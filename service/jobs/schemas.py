@@ -19,6 +19,7 @@ from pydantic_core import CoreSchema
 
 from lead._options import MAX_SEED, name_problem
 from lead.errors import InvalidInputError, NonFiniteError
+from service.encoding import json_kind
 from service.jobs.layout import STITCH_ID_PATTERN
 from service.jobs.store import DatasetRecord, JobRecord
 from service.schemas import ErrorEnvelope, error_responses
@@ -97,6 +98,10 @@ def _check_finite(value: Any, path: str) -> None:
             _check_finite(item, f"{path}[{i}]")
 
 
+#: What a vector of inline pairs may hold: JSON numbers (integers and floats).
+_NUMBER_TYPES = frozenset({int, float})
+
+
 class PairsInput(BaseModel):
     """Paired embeddings: an uploaded dataset id, or ``source`` + ``target`` inline."""
 
@@ -143,13 +148,17 @@ class PairsInput(BaseModel):
 
     @field_validator("source", "target", mode="before")
     @classmethod
-    def _no_bools(cls, value: Any, info: ValidationInfo) -> Any:
-        """``true`` / ``false`` are not numbers (pydantic would read them as 1.0 / 0.0)."""
+    def _numbers_only(cls, value: Any, info: ValidationInfo) -> Any:
+        """Only JSON numbers in a vector, as ``POST /v1/translate`` takes them: pydantic
+        would read ``true`` / ``false`` as 1.0 / 0.0 and ``"0.12"`` as 0.12."""
         if isinstance(value, list):
             for i, row in enumerate(value):
-                if isinstance(row, list) and bool in map(type, row):
+                if isinstance(row, list) and not set(map(type, row)) <= _NUMBER_TYPES:
                     name = f"{info.field_name}[{i}]"
-                    raise InvalidInputError(f"{name} contains a bool, not a number", param=name)
+                    odd = next(v for v in row if type(v) not in _NUMBER_TYPES)
+                    raise InvalidInputError(
+                        f"{name} contains {json_kind(odd)}, not a number", param=name
+                    )
         return value
 
     dataset: str | None = Field(default=None, description="Id of an uploaded dataset (`ds_...`).")

@@ -131,6 +131,11 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("a boolean among floats", lambda X, Y: {"source": [[*X[0, :-1].tolist(), True],
                                                         *X[1:].tolist()], "target": Y.tolist()},
      400, "invalid_input"),
+    # as POST /v1/translate: pydantic read "0.12" as 0.12 (an adversarial pass)
+    ("a number as a string", lambda X, Y: {"source": X.tolist(),
+                                            "target": [[str(Y[0, 0]), *Y[0, 1:].tolist()],
+                                                       *Y[1:].tolist()]},
+     400, "invalid_input"),
 ]  # fmt: skip
 
 #: (case, param, words in the message) of the cases whose error names a side.
@@ -143,7 +148,8 @@ PARAMS = {
     "a number beyond float64": ("source[0][0]", ["valid number"]),
     "wider than the dimension cap": ("target", ["dimension 1536", "limit is 1000"]),
     "ill-conditioned source": ("source", ["ill-conditioned: column 7", "standardise"]),
-    "a boolean among floats": ("source[0]", ["bool"]),
+    "a boolean among floats": ("source[0]", ["source[0] contains true, not a number"]),
+    "a number as a string": ("target[0]", ["target[0] contains the string '", "not a number"]),
 }
 
 

@@ -90,7 +90,7 @@ async def require_api_key(
     """
     if not settings.api_keys:
         return
-    key = authenticate(request.headers.get("authorization"), settings.api_keys)
+    key = authenticate(request.headers.getlist("authorization"), settings.api_keys)
     for scope in security_scopes.scopes:
         check_scope(key, scope, request.method, request.url.path)
 
@@ -112,14 +112,23 @@ def check_scope(key: ApiKey, scope: str, method: str, path: str) -> None:
         )
 
 
-def authenticate(header: str | None, keys: list[ApiKey]) -> ApiKey:
-    """The configured key an ``Authorization`` header (None: none) carries.
+def authenticate(headers: list[str], keys: list[ApiKey]) -> ApiKey:
+    """The configured key that the request's ``Authorization`` headers (its values, in
+    order; none: an empty list) carry.
 
     Raises
     ------
     AuthenticationError
-        A missing or malformed header, or an unknown key.
+        A missing or malformed header, an unknown key, or more than one header: which one
+        counts is ambiguous (the first won, and a proxy that reads the last would have
+        authorised another key than this server checked).
     """
+    if len(headers) > 1:
+        raise AuthenticationError(
+            f"{len(headers)} Authorization headers: send one, `Authorization: Bearer <key>`",
+            param="Authorization",
+        )
+    header = headers[0] if headers else None
     scheme, _, token = (header or "").strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
@@ -171,7 +180,7 @@ class ApiKeyGate:
             return
         headers = Headers(scope=scope)
         try:
-            key = authenticate(headers.get("authorization"), self.keys)
+            key = authenticate(headers.getlist("authorization"), self.keys)
             needed = self._needed(scope["method"], path)
             if needed is not None:
                 check_scope(key, needed, scope["method"], path)

@@ -52,6 +52,24 @@ def test_bad_or_missing_key_is_401(make_client: Any, queries: Any, headers: dict
     assert _translate(client, queries, good).status_code == 200
 
 
+def test_two_authorization_headers_are_refused(make_client: Any, queries: Any) -> None:
+    """The first of two headers counted (an adversarial pass): a proxy that reads the last
+    would authorise another key than this server checked."""
+    client = make_client(api_keys=[KEYS[0], f"{KEYS[1]}:translate"])
+    both = [("Authorization", f"Bearer {KEYS[0]}"), ("Authorization", f"Bearer {KEYS[1]}")]
+    body = {"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])}
+    for headers in (both, both[::-1]):
+        for r in (
+            client.get("/v1/jobs", headers=headers),
+            client.post("/v1/translate", json=body, headers=headers),
+        ):
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["message"] == (
+                "2 Authorization headers: send one, `Authorization: Bearer <key>`"
+            )
+    assert client.get("/v1/jobs", headers=[both[0]]).status_code == 200
+
+
 def test_a_request_without_a_key_is_refused_before_its_body_is_read(make_client: Any) -> None:
     """The body limit ran before the key check: clients without a key got 413, 415 or 422
     (an adversarial pass), and their gzip bodies were inflated in the slots that keyed

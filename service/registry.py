@@ -77,6 +77,9 @@ class StitchRegistry:
         self._sequence = 0
         self._entries: dict[str, StitchEntry] = {}
         self._pending: set[str] = set()
+        #: Job-trained stitches that this server will load (id → why the last try failed,
+        #: or None): 503, not 404, until they are registered (see :meth:`await_stitches`).
+        self._awaited: dict[str, str | None] = {}
         self._failures: dict[str, LoadFailure] = {}
         self._model_dims: dict[str, int] = {}
         self._loading = False
@@ -89,6 +92,27 @@ class StitchRegistry:
         with self._lock:
             self._loading = True
             self._pending.update(stitch_ids)
+
+    def await_stitches(self, stitch_ids: list[str]) -> None:
+        """Mark published job-trained stitches as coming: until :meth:`register` serves one,
+        requests naming it get 503 ``not_ready`` (after a restart they got 404 for the
+        seconds the watcher took, and a client that takes 404 as final dropped them)."""
+        with self._lock:
+            for stitch_id in stitch_ids:
+                if stitch_id not in self._entries:
+                    self._awaited.setdefault(stitch_id, None)
+
+    def await_failed(self, stitch_id: str, message: str) -> None:
+        """Record why an awaited stitch failed to load (it is tried again: still 503)."""
+        with self._lock:
+            if stitch_id in self._awaited:
+                self._awaited[stitch_id] = message
+
+    def stop_awaiting(self, keep: set[str]) -> None:
+        """Forget the awaited stitches not in ``keep`` (deleted or no longer served)."""
+        with self._lock:
+            for stitch_id in set(self._awaited) - keep:
+                del self._awaited[stitch_id]
 
     @property
     def loading(self) -> bool:
@@ -155,6 +179,7 @@ class StitchRegistry:
             self._model_dims.setdefault(entry.target_model, stitch.d_tgt)
             self._entries[stitch_id] = entry
             self._pending.discard(stitch_id)
+            self._awaited.pop(stitch_id, None)
             self._failures.pop(stitch_id, None)
         return entry
 
@@ -270,6 +295,12 @@ class StitchRegistry:
         """Why ``stitch_id`` is not served (call with the lock held)."""
         if stitch_id in self._pending:
             return NotReadyError(f"stitch {echo(stitch_id)} is still loading")
+        if stitch_id in self._awaited:
+            failed = self._awaited[stitch_id]
+            retry = "" if failed is None else f"; its last try failed ({failed}), tried again"
+            return NotReadyError(
+                f"stitch {echo(stitch_id)} (trained by a job) is still loading{retry}"
+            )
         failure = self._failures.get(stitch_id)
         if failure is not None:
             return StitchNotFoundError(
@@ -322,7 +353,7 @@ class StitchRegistry:
             )
         with self._lock:
             entries = sorted(self._entries.values(), key=StitchEntry.preference)
-            still_loading = bool(self._pending)
+            still_loading = bool(self._pending or self._awaited)
         configured = [e for e in entries if e.origin != "job"]
         path = shortest_chain(configured, source_model, target_model)
         if path is None or (strict and len(path) > 1):

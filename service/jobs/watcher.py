@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lead.errors import ConflictError, StitchNotFoundError
+from service.jobs.records import StitchState
 from service.jobs.stitch_store import StitchStore
 from service.jobs.store import JobStore
 from service.registry import StitchRegistry
@@ -156,13 +157,20 @@ class StitchWatcher:
                 gone = state is None or (state.finished and (not state.served or state.deleted))
                 if entry.origin == "job" and gone:  # not one that its job is still registering
                     self._remove(entry.id, report)
-            wanted = [i for i, s in states.items() if s.finished and s.served and not s.deleted]
+            wanted = self.wanted(states)
+            self.registry.stop_awaiting(set(wanted))
             for stitch_id in wanted:
                 if stitch_id not in self.registry:
                     self._register(stitch_id, report)
             for stitch_id in set(self._failures) - set(wanted):
                 del self._failures[stitch_id]  # deleted meanwhile: stop trying
             return report
+
+    @staticmethod
+    def wanted(states: dict[str, StitchState]) -> list[str]:
+        """The ids of ``states`` (:meth:`JobStore.succeeded_stitches`) to serve: finished,
+        served and not deleted."""
+        return [i for i, s in states.items() if s.finished and s.served and not s.deleted]
 
     def _remove(self, stitch_id: str, report: SyncReport) -> None:
         try:
@@ -195,6 +203,7 @@ class StitchWatcher:
             if isinstance(error, ConflictError) and stitch_id in self.registry:
                 return  # registered meanwhile by the replica that trained it
             message = f"{type(error).__name__}: {getattr(error, 'message', None) or error}"
+            self.registry.await_failed(stitch_id, message)
             attempts = 1 if failure is None else failure.attempts + 1
             wait = min(self.interval_s * 2 ** (attempts - 1), self.max_backoff_s)
             self._failures[stitch_id] = _Failure(message, attempts, now + wait)

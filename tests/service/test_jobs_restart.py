@@ -4,6 +4,7 @@ was training is started again (``LEAD_JOB_MAX_ATTEMPTS``) or, after its last att
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,48 @@ def test_a_job_cut_short_by_a_crash_is_started_again(tmp_path: Path, scifact_sma
         assert r.status_code == 200, r.text
     finally:
         second.__exit__(None, None, None)
+
+
+def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
+    tmp_path: Path, scifact_small: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until the watcher registers a published job stitch after a restart, requests naming
+    it get 503 not_ready (with Retry-After), not 404: a client that takes 404 as final
+    dropped a stitch about to be served again (an adversarial pass: ~5 s of 404s)."""
+    import lead.artifacts
+
+    sf = scifact_small
+    pairs = {"source_model": MINILM, "target_model": MPNET, "stitch_id": "trained",
+             "source": b64(sf.corpus["minilm"][:60]), "target": b64(sf.corpus["mpnet"][:60]),
+             "allow_below_baseline": True}  # fmt: skip
+    x = {"stitch": "trained", "input": b64(sf.queries["minilm"][:2])}
+    client = make_jobs_client(tmp_path / "data")
+    try:
+        r = client.post("/v1/jobs", json=pairs)
+        assert wait_job(client, r.json()["id"])["status"] == "succeeded"
+    finally:
+        client.__exit__(None, None, None)
+    load = lead.artifacts.load_stitch
+
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("the disk is busy")
+
+    monkeypatch.setattr(lead.artifacts, "load_stitch", busy)  # its first try fails
+    restarted = make_jobs_client(tmp_path / "data", stitch_poll_seconds=0.2)
+    try:
+        r = restarted.post("/v1/translate", json=x)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] and r.json()["error"]["code"] == "not_ready"
+        assert "'trained' (trained by a job) is still loading; its last try failed" in r.text
+        assert "OSError: the disk is busy" in r.text
+        r = restarted.post("/v1/translate", json={**x, "stitch": "never-trained"})
+        assert r.status_code == 404, r.text
+        monkeypatch.setattr(lead.artifacts, "load_stitch", load)
+        for _ in range(100):  # the watcher tries again within a few polls
+            r = restarted.post("/v1/translate", json=x)
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200, r.text
+    finally:
+        restarted.__exit__(None, None, None)

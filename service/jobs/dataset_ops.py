@@ -79,17 +79,22 @@ class DatasetOps:
         self, *, limit: int = 20, after: str | None = None
     ) -> tuple[list[DatasetRecord], bool]:
         """Datasets newest first, ``limit`` of them after the dataset ``after``; and whether more
-        follow.
+        follow. ``after`` may have been deleted since it was listed: the listing continues
+        where it stood (its tombstone keeps its position).
 
         Raises
         ------
         DatasetNotFoundError
-            If ``after`` names no dataset.
+            If ``after`` names no dataset, present or deleted.
         """
         conn = self._db.connection()
         cutoff = 2**62
         if after is not None:
-            row = conn.execute("SELECT seq FROM datasets WHERE id = ?", (after,)).fetchone()
+            row = conn.execute(
+                "SELECT seq FROM datasets WHERE id = ?"
+                " UNION ALL SELECT seq FROM dataset_tombstones WHERE id = ?",
+                (after, after),
+            ).fetchone()
             if row is None:
                 raise DatasetNotFoundError(f"no dataset with id {echo(after)}", param="after")
             cutoff = row["seq"]
@@ -136,6 +141,9 @@ class DatasetOps:
                     param="dataset",
                 )
             conn.execute("DELETE FROM datasets WHERE id = ?", (dataset_id,))
+            conn.execute(
+                "INSERT INTO dataset_tombstones (id, seq) VALUES (?, ?)", (dataset_id, row["seq"])
+            )
             if isinstance(db, PostgresDatabase):
                 conn.execute("DELETE FROM lead_blobs WHERE key = ?", (row["path"],))
         return DatasetRecord.from_row(row)

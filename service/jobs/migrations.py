@@ -13,6 +13,8 @@ Versions:
 2. Leases: ``jobs.attempts``, ``jobs.owner``, ``jobs.lease_until``; at most one job that is
    not failed or cancelled per stitch id (a unique partial index); dataset and job-data bytes
    in ``lead_blobs`` (PostgreSQL only: a SQLite store keeps them as files).
+3. ``dataset_tombstones``: the listing position (``seq``) of each deleted dataset, so that
+   ``GET /v1/datasets?after=`` a dataset deleted meanwhile continues where it stood.
 """
 
 from __future__ import annotations
@@ -82,10 +84,17 @@ CREATE TABLE lead_blobs (
     PRIMARY KEY (key, part)
 )
 """
+_TOMBSTONES = """
+CREATE TABLE dataset_tombstones (
+    id TEXT NOT NULL PRIMARY KEY,
+    seq BIGINT NOT NULL
+)
+"""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, _JOBS.format(**_SQLITE), _JOBS.format(**_POSTGRESQL)),
     Migration(2, _LEASES.format(**_SQLITE), _LEASES.format(**_POSTGRESQL) + _BLOBS),
+    Migration(3, _TOMBSTONES, _TOMBSTONES),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 _LOCK_KEY = 0x1EAD_5C4E_3A00  # pg_advisory_xact_lock key of LEAD's schema migrations

@@ -160,6 +160,15 @@ def test_list_get_delete(
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "dataset_not_found"
     assert client.get(f"/v1/datasets/{ids[1]}").status_code == 200
+    # the last of a page deleted before the next page is asked for: the listing continues
+    # where it stood (it was a 404 on "after", an adversarial pass)
+    page = client.get("/v1/datasets", params={"limit": 1}).json()
+    assert page["last_id"] == ids[2] and page["has_more"] is True
+    assert client.delete(f"/v1/datasets/{ids[2]}").status_code == 200
+    nxt = client.get("/v1/datasets", params={"limit": 1, "after": ids[2]}).json()
+    assert [d["id"] for d in nxt["data"]] == [ids[1]]
+    r = client.get("/v1/datasets", params={"after": "ds_never"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "after"
 
 
 def test_a_dataset_in_use_cannot_be_deleted(

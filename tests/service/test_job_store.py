@@ -205,6 +205,15 @@ def test_datasets_pages_use_and_delete(job_store: JobStore) -> None:
             call(ids[0])
     with pytest.raises(DatasetNotFoundError):  # a job cannot be created on a deleted dataset
         add_job(job_store, dataset_id=ids[0])
+    # a page that ended on a dataset deleted since: the next one starts where it stood
+    newer = [new_id("ds") for _ in range(2)]
+    for ds in newer:
+        job_store.add_dataset(ds, {"pairs": 50}, f"datasets/{ds}.safetensors")
+    assert job_store.delete_dataset(newer[1]).id == newer[1]
+    following = job_store.list_datasets(after=newer[1])[0]
+    assert [d.id for d in following] == [newer[0], ids[2], ids[1]]
+    with pytest.raises(DatasetNotFoundError):
+        job_store.list_datasets(after="ds_never")
 
 
 def test_blobs_round_trip(job_store: JobStore, tmp_path: Path) -> None:

@@ -241,8 +241,11 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
         for batch in batches:
             batch.validate(full=True)
     except (pa.ArrowException, OSError) as exc:
+        hint = ""
+        if body.lstrip()[:1] in (b"{", b"["):  # a JSON body under the Arrow content type
+            hint = "; it looks like JSON: send JSON as Content-Type: application/json. "
         raise DecodeError(
-            f"the body is not a valid Arrow IPC stream: {exc}"[:500], param="body"
+            f"the body is not a valid Arrow IPC stream{hint or ': '}{exc}"[:500], param="body"
         ) from None
     try:
         schema.names  # noqa: B018 (pyarrow decodes them here)

@@ -214,6 +214,7 @@ def _bad_name(x: np.ndarray, column: str) -> bytes:
 
 BAD_STREAMS: dict[str, tuple[Callable[[np.ndarray], bytes], int, str, str | None]] = {
     "not arrow": (lambda x: b"hello, not arrow", 400, "decode_error", "body"),
+    "json": (lambda x: b' {"input": [[0.1]]}', 400, "decode_error", "body"),
     "empty body": (lambda x: b"", 400, "decode_error", "body"),
     "truncated": (lambda x: body_of(x)[:-500], 400, "decode_error", "body"),
     "trailing bytes": (lambda x: body_of(x) + b"junk", 400, "decode_error", "body"),
@@ -281,6 +282,8 @@ def test_bad_streams_get_a_clear_4xx_and_the_next_request_answers(
     error = r.json()["error"]
     assert (error["code"], error["param"]) == (code, param), error
     assert r.headers["content-type"] == "application/json"
+    json_hint = "it looks like JSON: send JSON as Content-Type: application/json"
+    assert (json_hint in error["message"]) is (case == "json"), error  # a new user's trial
     table, _ = answer(post(client, body_of(x)))
     assert table.num_rows == 6
 

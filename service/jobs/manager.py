@@ -333,7 +333,9 @@ class JobManager:
         train, _ = holdout_split(pairs, body.holdout_fraction, body.seed)
         if METHODS[body.method] in ("local", "gated"):  # k within the memory, before training
             check_local_rows(body.options, len(train), param="options.k")
-        _check_early_stopping_rows(METHODS[body.method], body.options, len(train), body.seed)
+        _check_early_stopping_rows(
+            METHODS[body.method], body.options, pairs, body.holdout_fraction, body.seed
+        )
         stitch_id = (
             body.stitch_id
             or f"{_slug(body.source_model)}-to-{_slug(body.target_model)}-{job_id[4:12]}"
@@ -573,14 +575,17 @@ class JobManager:
         return {"object": "alignment", **scores}
 
 
-def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int, seed: int) -> None:
-    """Refuse at submission a trained method whose early-stopping split of the ``train``
-    pairs would fail (``too_few_pairs``) once the job runs.
+def _check_early_stopping_rows(
+    method: str, options: dict[str, Any], pairs: int, holdout: float, seed: int
+) -> None:
+    """Refuse at submission a trained method whose early-stopping split of the training
+    pairs (what the job's ``holdout`` of its ``pairs`` leaves) would fail
+    (``too_few_pairs``) once the job runs.
 
     Raises
     ------
     TooFewPairsError
-        Naming the fewest training pairs that are enough.
+        Naming the fewest training pairs that are enough, and the fewest pairs to send.
     """
     from lead.invertible import InvertibleConfig
     from lead.splits import early_stopping_split
@@ -597,10 +602,29 @@ def _check_early_stopping_rows(method: str, options: dict[str, Any], train: int,
     if method not in defaults:
         return
     name, fraction, settable = defaults[method]
+
+    def _training(n: int) -> int:
+        return n - round(n * holdout)  # holdout_split's training rows of n pairs
+
+    train = _training(pairs)
     try:
         early_stopping_split(
             train, float(options.get(option, fraction)), seed, method=name, option=settable
         )
     except TooFewPairsError as error:
-        error.param = f"options.{option}" if option in options else "pairs"
-        raise
+        param = f"options.{option}" if option in options else "pairs"
+        # the user sends pairs, not training pairs: the fewest to send for enough of them
+        send = next(
+            (n for n in range(pairs, pairs + 100 * error.minimum) if _training(n) >= error.minimum),
+            None,
+        )
+        if send is None or error.minimum <= train:  # a share too small for any number
+            error.param = param
+            raise
+        raise TooFewPairsError(
+            f"{error.message}; the job holds out {holdout:g} of its {pairs} pairs for its "
+            f"scorecard, leaving {train} to train on: send at least {send} pairs",
+            minimum=send,
+            got=pairs,
+            param=param,
+        ) from None

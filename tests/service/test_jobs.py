@@ -717,6 +717,11 @@ def test_local_options_that_cannot_fit_are_refused_at_submission(
         assert (error["code"], error["param"]) == ("too_few_pairs", "pairs"), error
         assert "gated stitch's MLP" in error["message"]
         assert "holdout_fraction option" not in error["message"]  # not an option of gated
+        # the pairs to send, not only the training pairs the MLP needs (a new user's trial)
+        assert error["message"].endswith(
+            "; the job holds out 0.25 of its 40 pairs for its scorecard, leaving 30 to train "
+            "on: send at least 47 pairs"
+        ), error["message"]
         assert len(jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]) == before
     if method == "gated":  # it trains (its MLP holds out 4+ of 45 pairs) and is served
         # (45 pairs are too few to beat the mean estimator: served all the same)

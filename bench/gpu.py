@@ -34,7 +34,7 @@ import torch
 from bench.common import RESULTS, TMP, log, machine, percentile_ms, time_calls, write_result
 from bench.data import MODEL_IDS, load_scifact
 from bench.server import BenchServer
-from bench.throughput import decode_response, drive, encode_body, request_path
+from bench.throughput import over_http
 
 #: Bench stitch id → (source model key, target model key, bundled folder or None for a
 #: ridge stitch fitted on the SciFact documents). The ridge 384→384 stitch has the
@@ -137,36 +137,6 @@ def in_process(route: Any, x: np.ndarray, min_time: float) -> dict[str, Any]:
     }
 
 
-def over_http(
-    url: str, stitch_id: str, x: np.ndarray, expected: np.ndarray, concurrency: int, min_time: float
-) -> dict[str, Any]:
-    import httpx
-
-    body = encode_body(stitch_id, x, "arrow")
-    path, headers = request_path(stitch_id, "arrow")
-    first = httpx.post(f"{url}{path}", content=body, headers=headers, timeout=600)
-    if first.status_code != 200:
-        raise RuntimeError(f"{stitch_id}: HTTP {first.status_code} {first.text[:500]}")
-    same = decode_response(first.content, "arrow").tobytes() == expected.tobytes()
-    load = drive(
-        url,
-        body,
-        concurrency=concurrency,
-        min_time=min_time,
-        min_requests=concurrency,
-        path=path,
-        headers=headers,
-    )
-    return {
-        "concurrency": concurrency,
-        "vectors_per_s": len(x) * load.requests / load.wall,
-        "p50_ms": percentile_ms(load.latencies, 50),
-        "p99_ms": percentile_ms(load.latencies, 99),
-        "requests": load.requests,
-        "same_bytes_as_in_process": same,
-    }
-
-
 def run(*, min_time: float, concurrencies: tuple[int, ...], reps: int) -> dict[str, Any]:
     device = torch.device("cuda")
     folders = {stitch_id: stitch_folder(stitch_id) for stitch_id in GPU_STITCHES}
@@ -212,8 +182,15 @@ def run(*, min_time: float, concurrencies: tuple[int, ...], reps: int) -> dict[s
                     min_time,
                 )
                 http = over_http(
-                    server.url, stitch_id, x, expected[stitch_id], concurrency, min_time
+                    server,
+                    stitch_id,
+                    x,
+                    expected[stitch_id],
+                    "arrow",
+                    concurrency=concurrency,
+                    min_time=min_time,
                 )
+                http["concurrency"] = concurrency
                 http["in_process_vectors_per_s"] = local["vectors_per_s"]
                 http["fraction_of_in_process"] = http["vectors_per_s"] / local["vectors_per_s"]
                 row["http"].append(http)

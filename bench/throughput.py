@@ -223,6 +223,7 @@ def over_http(
         raise RuntimeError(f"{stitch_id} {encoding} b={len(x)}: {response.text[:500]}")
     got = decode_response(response.content, encoding)
     max_abs_diff = float(np.abs(got - expected).max())
+    same_bytes = got.astype(np.float32).tobytes() == expected.astype(np.float32).tobytes()
     cpu_server, cpu_client = server.cpu_seconds(), time.process_time()
     load = drive(
         server.url,
@@ -246,6 +247,7 @@ def over_http(
         "server_cpu_ms_per_request": 1000 * cpu_server / load.requests,
         "client_cpu_ms_per_request": 1000 * cpu_client / load.requests,
         "max_abs_diff_vs_in_process": max_abs_diff,
+        "same_bytes_as_in_process": same_bytes,
     }
 
 

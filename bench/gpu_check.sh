@@ -8,7 +8,10 @@
 #     python-multipart, fastapi-offline, annotated-doc), at the versions of .venv;
 #   * `.gpudata/scifact/`: ids.json, qrels/test.tsv and embeddings/{minilm,pml3}.safetensors
 #     from ../shared/data/scifact (bench.gpu's inputs; ../shared does not travel).
-# The GPU tests and bench.gpu need models/minilm-to-pml3 and no other bundled stitch.
+# The GPU tests and bench.gpu need models/minilm-to-pml3 and no other bundled stitch; the
+# tree that travels is limited (64 MiB) and the bundled stitches hold ~180 MB, so keep the
+# others out of it for the run (`git rm -r -q --cached models/<id>` and `/models/<id>/` in
+# .git/info/exclude, undone with `git reset` and the exclude lines removed).
 set -x
 out="${OUT:-gpu-out}"
 mkdir -p "$out"

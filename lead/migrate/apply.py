@@ -324,6 +324,11 @@ def run_apply(
     check_source = getattr(target, "check_source", None)
     if check_source is not None:
         check_source(source)
+    create_column = getattr(target, "create_column", None)
+    if create_column is not None:
+        # before the source streams: a new column of the table being read needs a lock
+        # that the read holds until it is drained (the run waited on itself for good)
+        create_column()
     report, close = _progress(progress, total, resumed)
     written = resumed
     try:

@@ -350,6 +350,16 @@ class PgVectorTarget(PgStore):
                 raise self._not_rows(row[0], f"{int(row[1])} such ids in a batch of {len(keys)}")
         self._ids_checked = True
 
+    @store_errors
+    def create_column(self) -> None:
+        """New-column mode: add the column (and its checkpoint) that :meth:`open` found
+        new now, not with the first batch. The source may be this very table: its read
+        streams under a lock that ``ALTER TABLE ... ADD COLUMN`` waits for, while the read
+        waits for the run to take its rows (a hang, with the README's own example)."""
+        if self._pending is not None and not self.new_table:
+            with self.writing():
+                pass
+
     def _not_rows(self, first: Any, count: str) -> InvalidInputError:
         return InvalidInputError(
             f"id {first!r} of the source is not a row of {self.schema}.{self.table} "

@@ -418,3 +418,34 @@ def test_a_confidence_column_is_refused_before_anything_is_written_in_postgres(
     with pytest.raises(InvalidInputError, match="named like the vector or the id column"):
         migrate.apply(source, target, scored, progress=False, confidence_column="id")
     assert _columns(pg_uri, "t_conf_refused") == ["id", "emb", "conf"]
+
+
+def test_a_new_column_of_the_source_table_itself_does_not_wait_on_its_own_read(
+    pg_uri, scifact_small, minilm_to_mpnet
+):
+    """The README's example (docs.embedding → docs.embedding_mpnet) hung for good once the
+    source was larger than a few batches: the source's streaming read of the table held a
+    lock that ``ALTER TABLE ... ADD COLUMN`` of the first batch waited for, while the read
+    waited for the run to take its rows (an adversarial pass)."""
+    X = np.tile(scifact_small.corpus["minilm"], (20, 1))  # 8,000 rows, ~12 MB to stream
+    ids = np.arange(len(X))
+    source = make_table(pg_uri, "t_self", ids, X)
+    target = with_params(pg_uri, table="t_self", column="emb_mpnet")
+    done: list[object] = []
+    run = threading.Thread(
+        target=lambda: done.append(
+            migrate.apply(source, target, minilm_to_mpnet, batch_size=500, progress=False)
+        ),
+        daemon=True,
+    )
+    run.start()
+    run.join(timeout=240)
+    if run.is_alive():  # unblock the run before failing: end the waiting ALTER TABLE
+        sql(pg_uri, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE query LIKE 'ALTER TABLE%%' AND pid <> pg_backend_pid()")  # fmt: skip
+        run.join(timeout=60)
+        pytest.fail("apply into a new column of its own source table waited on itself")
+    assert done and done[0].rows_written == len(X)
+    np.testing.assert_allclose(
+        _fetch(target, ids[:400]), minilm_to_mpnet(X[:400]), atol=1e-6, rtol=0
+    )

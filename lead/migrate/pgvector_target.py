@@ -4,10 +4,12 @@
 :meth:`PgVectorTarget.open` only checks, under a session advisory lock on the target table
 that a second apply cannot take (the partition workers of ``--engine ray`` write under
 their driver's): a new table needs a vector column not named like the id column; a new
-column needs an existing table whose id column is unique and holds every source id. The
-table or column is created, with its checkpoint row in ``lead_migrations`` (beside the
-target), in the transaction of the first batch, so a run that fails before it lands
-leaves the database as it was; each batch then lands with its checkpoint.
+column needs an existing table whose id column is unique and holds every source id. A
+table is created, with its checkpoint row in ``lead_migrations`` (beside the target), in
+the transaction of the first batch; a column once the source's ids passed, before the
+source is read (the source may be that very table: :meth:`PgVectorTarget.create_column`).
+A run refused by its checks leaves the database as it was; each batch then lands with its
+checkpoint.
 """
 
 from __future__ import annotations

@@ -190,12 +190,13 @@ class JobManager:
             if self.layout.relative(path) not in known:  # written just before a crash
                 logger.warning("removing %s: no dataset or job refers to it", path)
                 path.unlink(missing_ok=True)
-        for stitch_id, state in self.store.succeeded_stitches().items():
+        published = self.store.succeeded_stitches()
+        for stitch_id, state in published.items():
             if state.deleted and self.stitches.exists(stitch_id):  # stopped while deleting
                 logger.warning("removing stitch %s: it was deleted", stitch_id)
                 self.stitches.delete(stitch_id)
         if self.registry is not None:
-            self.registry.await_stitches(StitchWatcher.wanted(self.store.succeeded_stitches()))
+            self.registry.await_stitches(StitchWatcher.wanted(published))
             self.watcher = StitchWatcher(
                 self.store, self.stitches, self.registry, settings.stitch_poll_seconds
             )

@@ -26,7 +26,8 @@ shape that varies with the batch in a way that matters:
   on the second machine), and a large batch on one core;
 * on CUDA, kernels (and split-K reductions) are chosen per shape by cuBLAS heuristics, so
   the rows run in fixed tiles of exactly :data:`CUDA_TILE` rows (the last one padded): one
-  shape, one kernel, one reduction order.
+  shape, one kernel, one reduction order. Each tile is replayed from a CUDA graph of the
+  map where it can be (:mod:`lead.cuda_graphs`: the same kernels, launched at once).
 
 Padding rows are zeros; every stitch maps rows independently (no batch statistics), so
 they change nothing but the shape and are dropped from the result.
@@ -50,6 +51,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lead.cuda_graphs import run_tiles
+
 __all__ = [
     "CUDA_TILE",
     "ROW_INVARIANT",
@@ -59,6 +62,7 @@ __all__ = [
     "forward_batch_invariant",
     "half_keys",
     "quantized_keys",
+    "row_norms",
     "top_k_cosines",
 ]
 
@@ -138,6 +142,9 @@ def forward_batch_invariant(run: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
     if n == 0 or (x.device.type == "cpu" and getattr(run, ROW_INVARIANT, False)):
         return run(x)
     if x.device.type == "cuda":
+        graphed = run_tiles(run, x, CUDA_TILE)
+        if graphed is not None:
+            return graphed
         tiles = [
             run(_padded(x[i : i + CUDA_TILE], CUDA_TILE))[: min(CUDA_TILE, n - i)]
             for i in range(0, n, CUDA_TILE)
@@ -205,6 +212,38 @@ def fixed_order_sum(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tenso
             first, second = p.split_with_sizes((half, half), dim)
             p = first + second
     return p if keepdim else p.squeeze(dim)
+
+
+def row_norms(x: Tensor) -> Tensor:
+    """The L2 norms of ``x``'s rows, each one's bits independent of the other rows.
+
+    On the CPU, :func:`torch.linalg.vector_norm` (its kernel reduces each row alone, whatever
+    the number of rows). Elsewhere the squares are added by :func:`fixed_order_sum`: a CUDA
+    reduction kernel spreads one row over threads (and blocks) by the number of rows, so a
+    row rescaled to unit length alone and among 120 others differed in the last bit (H200,
+    ``tests/service/test_routing_paths.py::test_gpu_path_on_cuda``). Float16 and bfloat16
+    rows are squared and added in float32, as torch's own norm accumulates them.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n, d)
+        Any floating dtype, any device.
+
+    Returns
+    -------
+    Tensor of shape (n, 1)
+        ``x``'s dtype and device.
+    """
+    if x.device.type == "cpu":
+        norms: Tensor = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        return norms
+    return _fixed_order_norms(x)
+
+
+def _fixed_order_norms(x: Tensor) -> Tensor:
+    """:func:`row_norms` off the CPU: the squares added in a fixed order (float32 at least)."""
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return fixed_order_sum(work * work, keepdim=True).sqrt().to(x.dtype)
 
 
 def half_keys(keys: Tensor) -> Tensor | None:

@@ -25,6 +25,7 @@ from lead.batch_invariance import (
     forward_batch_invariant,
     half_keys,
     quantized_keys,
+    row_norms,
     top_k_cosines,
 )
 from lead.errors import (
@@ -445,10 +446,11 @@ def unit_rows(y: Tensor) -> Tensor:
     """
     peak = y.detach().abs().amax(dim=1, keepdim=True)
     scaled = y / torch.where(peak > 0, peak, 1.0)
-    # nn.functional.normalize(scaled, dim=1, eps=0.5), the same bits in fewer operators.
+    # nn.functional.normalize(scaled, dim=1, eps=0.5) (on the CPU the same bits, in fewer
+    # operators; elsewhere row_norms adds the squares in a fixed order, batch-invariantly).
     # After the division every non-zero row has norm >= 1, so 0.5 only keeps zero rows at
     # zero (normalize's default 1e-12 underflows to 0 in float16 and gives 0 / 0 = NaN)
-    unit: Tensor = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True).clamp_min(0.5)
+    unit: Tensor = scaled / row_norms(scaled).clamp_min(0.5)
     return unit
 
 

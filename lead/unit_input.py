@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lead.batch_invariance import row_norms
 from lead.errors import ZeroVectorError
 from lead.stitches import Stitch
 
@@ -70,7 +71,7 @@ def _working(x: Tensor) -> Tensor:
 
 def _off_unit(work: Tensor) -> Tensor:
     """(n, 1) bool: the rows whose L2 norm differs from 1 by more than the tolerance."""
-    norm = torch.linalg.vector_norm(work, dim=1, keepdim=True)
+    norm = row_norms(work)
     off: Tensor = ~((norm - 1).abs() <= UNIT_NORM_TOLERANCE)  # NaN and infinity count as off
     return off
 
@@ -148,7 +149,7 @@ def _rescale(work: Tensor, off: Tensor) -> tuple[Tensor, Tensor]:
     peak = work.abs().amax(dim=1, keepdim=True)
     zero = peak < torch.finfo(work.dtype).tiny
     scaled = work / torch.where(zero, 1.0, peak)
-    unit = scaled / torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    unit = scaled / row_norms(scaled)
     return torch.where(off & ~zero, unit, work), zero
 
 

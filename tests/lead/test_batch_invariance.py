@@ -20,6 +20,7 @@ from lead.batch_invariance import (
     _INT8_CANDIDATES,
     ROW_INVARIANT,
     ROW_QUANTUM,
+    _fixed_order_norms,
     _int8_first,
     _quantized,
     fixed_order_sum,
@@ -295,6 +296,21 @@ def test_fixed_order_sum_is_the_same_bits_in_any_layout() -> None:
     part = p[:, :, :200]  # a strided view
     assert torch.equal(fixed_order_sum(part), fixed_order_sum(part.contiguous()))
     assert torch.equal(fixed_order_sum(part.transpose(0, 1)).transpose(0, 1), fixed_order_sum(part))
+
+
+def test_the_norms_off_the_cpu_are_the_same_bits_in_any_batch(scifact_small: Any) -> None:
+    # the arithmetic a GPU runs (elementwise operations only), checked here on the CPU
+    x = torch.from_numpy(scifact_small.corpus["minilm"][:120]).float() * 7.5
+    whole = _fixed_order_norms(x)
+    assert whole.shape == (120, 1) and whole.dtype == torch.float32
+    torch.testing.assert_close(whole, torch.linalg.vector_norm(x, dim=1, keepdim=True))
+    for i in range(32):
+        assert torch.equal(_fixed_order_norms(x[i : i + 1]), whole[i : i + 1])
+    assert torch.equal(_fixed_order_norms(x[5:12]), whole[5:12])
+    assert torch.equal(_fixed_order_norms(torch.zeros(2, 384)), torch.zeros(2, 1))
+    half = _fixed_order_norms(x.half())  # squared and added in float32
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.float(), whole, rtol=1e-3, atol=0)
 
 
 def test_a_frozen_stitch_gives_the_same_bits(scifact_small: Any) -> None:

@@ -8,13 +8,17 @@ the MiniLM and paraphrase-MiniLM-L3 SciFact embeddings):
   both from and to pinned host memory, timed with CUDA events: what any GPU translation
   of these tensors must move.
 * **device forward**: the service's batch-invariant forward (fixed tiles of
-  :data:`lead.batch_invariance.CUDA_TILE` rows) with the input already on the device.
+  :data:`lead.batch_invariance.CUDA_TILE` rows, each replayed from a CUDA graph) with the
+  input already on the device, and the same tiles launched eagerly.
 * **in process**: :meth:`service.routing.Route.run` host to host, as the service calls it
   (a NumPy array in, one in pinned memory, the copies queued, one synchronisation at the
   copy back), in float32 and in each reduced precision the stitch allows.
-* **HTTP**: a real uvicorn process with ``LEAD_DEVICE=cuda`` on loopback, Arrow IPC
-  bodies (raw float32 both ways), ``concurrency`` clients sending the same body back to
-  back; the answer must be the in-process answer's bytes.
+* **HTTP**: a real uvicorn server with ``LEAD_DEVICE=cuda`` on loopback (one process, or
+  ``--workers`` processes as ``scripts/serve.sh`` starts them), Arrow IPC bodies (raw
+  float32 both ways), ``concurrency`` clients sending the same body back to back; the
+  answer must be the in-process answer's bytes; the clients are spread over
+  ``--client-processes`` processes (in one, the client's own interpreter lock capped the
+  run at ~90 requests a second, whatever the server). In process is one caller.
 
 The issue's figures: HTTP vectors/s over in-process vectors/s (≥ 0.5), and the in-process
 time over the copy time (≤ 2).
@@ -108,18 +112,29 @@ def copies(x: np.ndarray, d_out: int, device: torch.device, reps: int) -> dict[s
     return {"h2d_ms": h2d, "d2h_ms": d2h, "copy_ms": h2d + d2h}
 
 
-def device_forward_ms(route: Any, x: np.ndarray, reps: int) -> float:
-    """The batch-invariant forward with the input already on the device, milliseconds."""
-    from lead.batch_invariance import forward_batch_invariant
+def device_forward_ms(route: Any, x: np.ndarray, reps: int, *, graphs: bool = True) -> float:
+    """The batch-invariant forward with the input already on the device, milliseconds:
+    each tile replayed from a CUDA graph as the service runs it, or (``graphs=False``) the
+    same tiles launched eagerly."""
+    from lead.batch_invariance import CUDA_TILE, forward_batch_invariant
     from lead.unit_input import scale_to_unit
 
     entry = route.entries[0]
     on_device = torch.from_numpy(x).to(route.device)
 
+    def eager(y: torch.Tensor) -> torch.Tensor:
+        tiles = []
+        for i in range(0, len(y), CUDA_TILE):
+            part = y[i : i + CUDA_TILE]
+            padded = torch.cat([part, part.new_zeros((CUDA_TILE - len(part), part.shape[1]))])
+            tiles.append(entry.stitch(padded)[: len(part)])
+        return torch.cat(tiles)
+
     def forward() -> None:
         with torch.inference_mode():
             y, _ = scale_to_unit(entry.stitch, on_device)
-            forward_batch_invariant(entry.stitch, y.to(entry.dtype))
+            y = y.to(entry.dtype)
+            forward_batch_invariant(entry.stitch, y) if graphs else eager(y)
 
     return cuda_ms(forward, reps=reps)
 
@@ -137,7 +152,14 @@ def in_process(route: Any, x: np.ndarray, min_time: float) -> dict[str, Any]:
     }
 
 
-def run(*, min_time: float, concurrencies: tuple[int, ...], reps: int) -> dict[str, Any]:
+def run(
+    *,
+    min_time: float,
+    concurrencies: tuple[int, ...],
+    worker_counts: tuple[int, ...],
+    client_processes: int,
+    reps: int,
+) -> dict[str, Any]:
     device = torch.device("cuda")
     folders = {stitch_id: stitch_folder(stitch_id) for stitch_id in GPU_STITCHES}
     rows: dict[str, Any] = {}
@@ -152,6 +174,7 @@ def run(*, min_time: float, concurrencies: tuple[int, ...], reps: int) -> dict[s
             "d_tgt": route.d_tgt,
             **copies(x, route.d_tgt, device, reps),
             "device_forward_ms": device_forward_ms(route, x, reps),
+            "device_forward_eager_ms": device_forward_ms(route, x, reps, graphs=False),
             "in_process": {},
         }
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -166,39 +189,46 @@ def run(*, min_time: float, concurrencies: tuple[int, ...], reps: int) -> dict[s
                 f"{stitch_id} {name} (runs in {result['runs_in']}): in process "
                 f"{result['ms_per_batch']:.2f} ms/batch = {result['over_copy_time']:.2f}x the "
                 f"copies ({row['copy_ms']:.2f} ms); "
-                f"device forward {row['device_forward_ms']:.2f} ms"
+                f"device forward {row['device_forward_ms']:.2f} ms "
+                f"({row['device_forward_eager_ms']:.2f} ms launched eagerly)"
             )
         rows[stitch_id] = row
     env = {"LEAD_DEVICE": "cuda"}
-    with BenchServer(list(folders.values()), max_vectors=BATCH, env=env) as server:
-        for stitch_id, row in rows.items():
-            x = source_rows(stitch_id, BATCH)
-            row["http"] = []
-            for concurrency in concurrencies:
-                # in process and over HTTP alternately, side by side
-                local = in_process(
-                    served_route(folders[stitch_id], stitch_id, device, torch.float32),
-                    x,
-                    min_time,
-                )
-                http = over_http(
-                    server,
-                    stitch_id,
-                    x,
-                    expected[stitch_id],
-                    "arrow",
-                    concurrency=concurrency,
-                    min_time=min_time,
-                )
-                http["concurrency"] = concurrency
-                http["in_process_vectors_per_s"] = local["vectors_per_s"]
-                http["fraction_of_in_process"] = http["vectors_per_s"] / local["vectors_per_s"]
-                row["http"].append(http)
-                log(
-                    f"{stitch_id} Arrow b={BATCH} c={concurrency}: "
-                    f"{http['vectors_per_s']:,.0f} vec/s = {http['fraction_of_in_process']:.3f} "
-                    f"of in process; same bytes {http['same_bytes_as_in_process']}"
-                )
+    for row in rows.values():
+        row["http"] = []
+    for workers in worker_counts:
+        servers = BenchServer(list(folders.values()), max_vectors=BATCH, env=env, workers=workers)
+        with servers as server:
+            for stitch_id, row in rows.items():
+                x = source_rows(stitch_id, BATCH)
+                for concurrency in concurrencies:
+                    # in process and over HTTP alternately, side by side
+                    local = in_process(
+                        served_route(folders[stitch_id], stitch_id, device, torch.float32),
+                        x,
+                        min_time,
+                    )
+                    http = over_http(
+                        server,
+                        stitch_id,
+                        x,
+                        expected[stitch_id],
+                        "arrow",
+                        concurrency=concurrency,
+                        min_time=min_time,
+                        client_processes=min(concurrency, client_processes),
+                    )
+                    http["workers"] = workers
+                    http["concurrency"] = concurrency
+                    http["in_process_vectors_per_s"] = local["vectors_per_s"]
+                    http["fraction_of_in_process"] = http["vectors_per_s"] / local["vectors_per_s"]
+                    row["http"].append(http)
+                    log(
+                        f"{stitch_id} Arrow b={BATCH} workers={workers} c={concurrency}: "
+                        f"{http['vectors_per_s']:,.0f} vec/s = "
+                        f"{http['fraction_of_in_process']:.3f} of in process; "
+                        f"same bytes {http['same_bytes_as_in_process']}"
+                    )
     return {
         "machine": machine(),
         "gpu": torch.cuda.get_device_name(device),
@@ -211,13 +241,28 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-time", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="server processes (each in turn)"
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=4,
+        help="processes the HTTP clients are spread over (one Python process would time itself)",
+    )
     parser.add_argument("--reps", type=int, default=50, help="CUDA-event repetitions")
     parser.add_argument("--out", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench.gpu needs a CUDA device")
     start = time.perf_counter()
-    result = run(min_time=args.min_time, concurrencies=tuple(args.concurrency), reps=args.reps)
+    result = run(
+        min_time=args.min_time,
+        concurrencies=tuple(args.concurrency),
+        worker_counts=tuple(args.workers),
+        client_processes=args.client_processes,
+        reps=args.reps,
+    )
     result["seconds"] = round(time.perf_counter() - start, 1)
     path = write_result("gpu", result)
     if args.out is not None:

@@ -32,22 +32,44 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def worker_pids(folder: Path) -> set[str]:
+    """The server processes that have written metrics to ``folder`` (prometheus-client's
+    multiprocess mode names each process's files after its pid)."""
+    return {p.stem.rsplit("_", 1)[1] for p in folder.glob("*.db")}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 class BenchServer:
     """``uvicorn service.app:create_app --factory`` serving ``stitches`` on 127.0.0.1.
 
     Limits are raised for the bench: 8,192+ vectors per request, 1 GiB bodies, 2 GiB of
     bodies in flight (the clients never exceed it, so no 429s distort the figures). Jobs are off (a
     translation-only replica); everything else, torch threads included, is the default.
+    With ``workers`` > 1, ``uvicorn --workers`` as ``scripts/serve.sh`` starts it, ready once
+    every worker serves.
     """
 
     def __init__(
-        self, stitches: list[Path], *, max_vectors: int = 8192, env: dict[str, str] | None = None
+        self,
+        stitches: list[Path],
+        *,
+        max_vectors: int = 8192,
+        env: dict[str, str] | None = None,
+        workers: int = 1,
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.stitches = stitches
         self.max_vectors = max_vectors
         self.extra_env = dict(env or {})
+        self.workers = workers
+        self.metrics_dir = TMP / f"metrics-{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = TMP / "server.log"
 
@@ -65,8 +87,13 @@ class BenchServer:
             # a translation-only replica: no job runner process beside the server
             "LEAD_ENABLE_JOBS": "false",
             "LEAD_LOG_LEVEL": "WARNING",
+            "LEAD_WORKERS": str(self.workers),
             **self.extra_env,
         }
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        if self.workers > 1:  # as scripts/serve.sh
+            self.metrics_dir.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         cmd = [
             sys.executable,
             "-m",
@@ -80,6 +107,8 @@ class BenchServer:
             "--log-level",
             "warning",
             "--no-access-log",
+            "--workers",
+            str(self.workers),
         ]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
@@ -88,7 +117,10 @@ class BenchServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                ready = httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+                if ready and (
+                    self.workers == 1 or len(worker_pids(self.metrics_dir)) >= self.workers
+                ):
                     return self
             except httpx.TransportError:
                 pass
@@ -102,8 +134,9 @@ class BenchServer:
         return self.proc.pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (Linux /proc), else 0."""
-        return cpu_seconds(self.pid)
+        """User + system CPU time of the server process and its workers so far (Linux
+        /proc), else 0."""
+        return cpu_seconds(self.pid) + sum(cpu_seconds(c) for c in _children(self.pid))
 
     def __exit__(
         self,

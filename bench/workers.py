@@ -42,6 +42,7 @@ from bench.common import QUICK_RESULTS, log, machine, use_results_dir, write_res
 from bench.data import REPO
 from bench.latency import STITCH, concurrent_clients, request_bytes
 from bench.server import _free_port as free_port
+from bench.server import worker_pids
 
 LOADS = {"single_vector": (1, 64), "batch_32": (32, 16)}  # name: (vectors a request, clients)
 _TRANSLATED = re.compile(
@@ -54,10 +55,6 @@ def _body(vectors: int) -> bytes:
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     encoded = [base64.b64encode(row.tobytes()).decode() for row in x]
     return orjson.dumps({"stitch": STITCH, "input": encoded, "encoding_format": "base64"})
-
-
-def _pids(folder: Path) -> set[str]:
-    return {p.stem.rsplit("_", 1)[1] for p in folder.glob("*.db")}
 
 
 def _serve(workers: int, tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -88,7 +85,7 @@ def _serve(workers: int, tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
             ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
         except httpx.TransportError:
             ready = False
-        if ready and (workers == 1 or len(_pids(metrics_dir)) >= workers):
+        if ready and (workers == 1 or len(worker_pids(metrics_dir)) >= workers):
             return proc, port
         time.sleep(0.2)
     proc.kill()

@@ -132,6 +132,52 @@ def check_confidence(translator: Translator, target: Target, name: str | None) -
     target.confidence_column = name
 
 
+#: How a changed source is left behind (both checks below).
+_START_AGAIN = (
+    "to migrate the source as it is now, write to a new target (or remove this one and "
+    "its checkpoint)"
+)
+
+
+def check_finished_rows(uri: str, rows: int, total: int) -> None:
+    """Refuse "already done" for a finished migration of ``rows`` rows when the source now
+    has ``total`` rows with a vector (rows were added or deleted since).
+
+    Raises
+    ------
+    ConflictError
+        ``rows != total``.
+    """
+    if rows != total:
+        raise ConflictError(
+            f"{uri} holds a finished migration of {rows} rows, but the source now has "
+            f"{total}: it changed since (`lead migrate verify` lists the ids that differ); "
+            + _START_AGAIN,
+            param="target",
+        )
+
+
+def check_written_rows(uri: str, written: int, total: int, resumed: int) -> None:
+    """Refuse to mark a migration finished that wrote ``written`` rows (``resumed`` of them
+    before it resumed) of a source that had ``total`` rows with a vector when it started:
+    rows were added or removed where the run had already read (or behind a resumed run's
+    checkpoint), which the target would lack or keep.
+
+    Raises
+    ------
+    ConflictError
+        ``written != total``.
+    """
+    if written != total:
+        before = f" ({resumed} of them before it resumed)" if resumed else ""
+        raise ConflictError(
+            f"{uri}: the migration wrote {written} rows{before}, but the source had {total} "
+            "when the run started: rows were added or removed where it had already read. "
+            "The target is not marked finished; " + _START_AGAIN,
+            param="source",
+        )
+
+
 def migration_spec(
     source: Source,
     translator: Translator,
@@ -285,7 +331,9 @@ def run_apply(
         The source's dimension is not the stitch's.
     ConflictError
         The target exists with other content, or holds another migration, or a finished
-        migration of another number of rows than the source holds now.
+        migration of another number of rows than the source holds now; or the run wrote
+        another number of rows than the source held when it started (rows added or removed
+        behind it: the target is not marked finished).
     ZeroVectorError
         A zero vector for a stitch fitted on unit-length vectors (naming its id).
     """
@@ -310,14 +358,7 @@ def run_apply(
     nulls = source.info.null_rows or 0
     total = source.info.rows - (nulls if skip_null else 0)
     if state.done:
-        if total != resumed:  # rows added or deleted since: "already done" would be wrong
-            raise ConflictError(
-                f"{target.uri} holds a finished migration of {resumed} rows, but the source "
-                f"now has {total}: it changed since. `lead migrate verify` names the "
-                "difference; to migrate the source as it is now, write to a new target (or "
-                "remove this one and its checkpoint)",
-                param="target",
-            )
+        check_finished_rows(target.uri, resumed, total)
         return ApplyResult(target.uri, 0, resumed, resumed, time.perf_counter() - started, True)
     # a target that fills rows of an existing table / collection checks that every source
     # id is one of them, before anything is written
@@ -342,6 +383,7 @@ def run_apply(
             else:
                 target.write(batch.ids, out, state)
             report(written)
+        check_written_rows(target.uri, written, total, resumed)
         target.finish(Progress(position=state.position, rows_written=written, done=True))
     finally:
         close()

@@ -48,7 +48,15 @@ import numpy as np
 
 from lead._ray import check_ray_reachable
 from lead.errors import ConflictError, InvalidInputError, LeadError
-from lead.migrate.apply import ApplyResult, _progress, check_dims, check_go, migration_spec
+from lead.migrate.apply import (
+    ApplyResult,
+    _progress,
+    check_dims,
+    check_finished_rows,
+    check_go,
+    check_written_rows,
+    migration_spec,
+)
 from lead.migrate.files import ParquetSource
 from lead.migrate.parquet_target import ParquetTarget
 from lead.migrate.partitions import (
@@ -300,7 +308,10 @@ def run_apply_ray(
             check_source = getattr(tgt, "check_source", None)  # as in-process (apply.py)
             if check_source is not None and not state.done:
                 check_source(src)
+            nulls = src.info.null_rows or 0
+            total = src.info.rows - (nulls if skip_null else 0)
             if state.done:
+                check_finished_rows(tgt.uri, state.rows_written, total)
                 seconds = time.perf_counter() - started
                 rows = state.rows_written
                 return ApplyResult(tgt.uri, 0, rows, rows, seconds, True)
@@ -320,8 +331,6 @@ def run_apply_ray(
             results = store.done()
             resumed = sum(r.rows for r in results.values())
             pending = [p for p in plan if p.index not in results]
-            nulls = src.info.null_rows or 0
-            total = src.info.rows - (nulls if skip_null else 0)
             job = RayJob(source, target, stitch, spec, batch_size, column)
             report, close = _progress(progress, total, resumed)
             try:
@@ -333,6 +342,7 @@ def run_apply_ray(
         written = sum(r.rows for r in results.values())
         positions = [results[p.index].position for p in plan if p.index in results]
         last = next((p for p in reversed(positions) if p is not None), None)
+        check_written_rows(tgt.uri, written, total, resumed)
         tgt.finish(Progress(position=last, rows_written=written, done=True))
     seconds = time.perf_counter() - started
     return ApplyResult(tgt.uri, written - resumed, written, resumed, seconds, False)

@@ -95,6 +95,31 @@ def test_resume_after_partial_run_writes_each_row_once(pg_uri, scifact_small, mi
     np.testing.assert_allclose(got, minilm_to_mpnet(X), atol=1e-5, rtol=0)
 
 
+def test_rows_added_behind_the_checkpoint_fail_the_resume(pg_uri, scifact_small, minilm_to_mpnet):
+    """A run killed, rows inserted below its checkpoint, and the resume wrote the rest,
+    said it succeeded and marked the migration finished without them (an adversarial pass)."""
+    X = scifact_small.corpus["minilm"]
+    ids = np.arange(100, 100 + len(X), dtype=np.int64)
+    source = make_table(pg_uri, "t_behind", ids, X)
+    target = with_params(pg_uri, table="t_behind_out", column="emb")
+    with pytest.raises(KeyboardInterrupt):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=stop_after(3))
+    vector = "[" + ",".join(repr(float(v)) for v in X[0]) + "]"
+    sql(pg_uri, f"INSERT INTO t_behind SELECT g, '{vector}' FROM generate_series(1, 10) g")
+    n = len(X)
+    wrote = rf"wrote {n} rows \(150 of them before it resumed\), but the source had {n + 10}"
+    with pytest.raises(ConflictError, match=wrote) as refused:
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    assert "not marked finished" in str(refused.value)
+    # every later run says so too, instead of "already done"
+    with pytest.raises(ConflictError, match=f"source had {n + 10}"):
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    sql(pg_uri, "DELETE FROM t_behind WHERE id <= 10")  # the source as it was: finishes
+    result = migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    assert (result.rows_total, result.already_done) == (n, False)
+    np.testing.assert_allclose(_fetch(target, ids), minilm_to_mpnet(X), atol=1e-5, rtol=0)
+
+
 def test_null_vectors_are_refused_or_skipped(pg_uri, scifact_small, minilm_to_mpnet):
     X = list(scifact_small.corpus["minilm"][:30])
     X[11] = None

@@ -200,7 +200,10 @@ def verify(
     target, native : str
         The translated store; the new model's vectors for some of the ids.
     stitch : str or Path, optional
-        The stitch ``calibrate`` made: the ids it was fitted on are left out of the sample.
+        The stitch the migration applied (a folder, a bundled id or a Hub repo id): a
+        sample of source rows is translated again and compared with the target
+        (``matches_source``); R² is measured against the mean it was fitted towards; for
+        one ``calibrate`` made, the ids it was fitted on are left out of the sample.
     report_dir, sample, seed, queries, thresholds, junit
         As :func:`~lead.migrate.verify.run_verify`; ``queries`` is a
         :class:`~lead.migrate.quality.RetrievalQueries` (query vectors by both models and
@@ -214,9 +217,13 @@ def verify(
     Raises
     ------
     TooFewPairsError, ShapeMismatchError, StoreNotFoundError, StoreError, InvalidInputError
+    StitchNotFoundError, StitchFormatError
     """
+    from lead.artifacts import stitch_folder
     from lead.migrate.calibrate import fitted_ids
+    from lead.migrate.verify import stitch_target_mean
 
+    folder = stitch_folder(stitch) if stitch is not None else None
     return run_verify(
         target,
         native,
@@ -227,7 +234,10 @@ def verify(
         thresholds=thresholds,
         report_dir=report_dir,
         junit=junit,
-        exclude_ids=fitted_ids(stitch) if stitch is not None else None,
+        exclude_ids=fitted_ids(folder) if folder is not None else None,
+        # R² against the mean the stitch was fitted towards, as calibrate scored it
+        target_train_mean=stitch_target_mean(folder) if folder is not None else None,
+        stitch=folder if source is not None else None,
     )
 
 

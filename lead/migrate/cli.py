@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from lead._options import FIT_METHODS_HELP, seed_argument
@@ -300,51 +299,33 @@ def _without_id_lists(value: Any) -> Any:
 
 def _verify(args: argparse.Namespace) -> int:
     from lead.artifacts import stitch_folder
+    from lead.migrate import verify
     from lead.migrate.calibrate import fitted_ids
-    from lead.migrate.verify import run_verify
 
     # a folder, a bundled id or a Hub repo, as apply takes it (only calibrate's stitches
     # record fitted ids: for the others nothing is left out of the sample)
     folder = stitch_folder(args.stitch) if args.stitch else None
-    excluded = fitted_ids(folder) if folder else None
-    if folder and not excluded:
+    if folder and not fitted_ids(folder):
         print(
             f"note: {args.stitch} records no ids of a store it was fitted on (only stitches "
             "made by `lead migrate calibrate` do), so nothing is left out of the sample: "
             "native vectors of texts it was fitted on would flatter the figures",
             file=sys.stderr,
         )
-    # R² against the mean the stitch was fitted towards, as calibrate scored it
-    train_mean = _stitch_target_mean(folder) if folder else None
-    result = run_verify(
+    result = verify(
+        args.source,
         args.target,
         args.native,
+        stitch=folder,
         sample=args.sample if args.sample is not None else 1000,
         seed=args.seed,
-        source=args.source,
         queries=_queries(args),
         thresholds=_thresholds(args),
         report_dir=args.report,
         junit=args.junit,
-        exclude_ids=excluded,
-        target_train_mean=train_mean,
     )
     _print(result.as_dict())
     return int(result.exit_code)
-
-
-def _stitch_target_mean(folder: str | Path) -> Any:
-    """The mean of the target vectors the stitch in ``folder`` was fitted on: the one
-    calibrate recorded (``fit.calibration.target_train_mean``), else the stitch's
-    ``target_mean`` (a gated or invertible stitch's differs from the plain mean by up to
-    ~3e-3 a value)."""
-    from lead.artifacts import load_stitch, read_stitch_config
-
-    fit = read_stitch_config(folder).get("fit")
-    calibration = fit.get("calibration") if isinstance(fit, dict) else None
-    if isinstance(calibration, dict) and calibration.get("target_train_mean") is not None:
-        return calibration["target_train_mean"]
-    return load_stitch(folder).target_mean.detach().double().cpu().numpy()
 
 
 def add_migrate_commands(commands: Any) -> None:
@@ -481,9 +462,10 @@ def add_migrate_commands(commands: Any) -> None:
     verify.add_argument(
         "--stitch",
         metavar="ID_OR_FOLDER",
-        help="the stitch applied (a folder, a bundled id, a Hub repo id); one made by "
-        "calibrate has the ids it was fitted on left out of the sample, so the figures are "
-        "held-out ones",
+        help="the stitch applied (a folder, a bundled id, a Hub repo id): a sample of source "
+        "rows is translated again and compared with the target (rows replaced or edited "
+        "since fail); one made by calibrate has the ids it was fitted on left out of the "
+        "sample, so the figures are held-out ones",
     )
     verify.add_argument(
         "--report",

@@ -214,9 +214,41 @@ def markdown_report(report: dict[str, Any]) -> str:
     retrieval = report.get("retrieval")
     if retrieval is not None:
         lines += _retrieval_lines(retrieval)
+    if report.get("consistency"):
+        lines += _consistency_lines(report["consistency"])
     lines += ["", "## Worst rows", "", _row(["id", "cosine"]), _row(["---"] * 2)]
     lines += [_row([f"`{w['id']}`", _num(w["cosine"])]) for w in cos["worst"]]
     return "\n".join(lines) + "\n"
+
+
+def _consistency_lines(consistency: dict[str, Any]) -> list[str]:
+    """The target against the source: ids that differ, rows that no longer match."""
+    lines = ["", "## Target against source", ""]
+    ids = consistency.get("ids")
+    if ids is not None:
+        lines.append(
+            f"- ids of the source missing from the target: {ids['missing']}"
+            + (
+                f" (first: {', '.join(f'`{i}`' for i in ids['missing_ids'])})"
+                if ids["missing"]
+                else ""
+            )
+        )
+        lines.append(
+            f"- ids of the target the source lacks: {ids['extra']}"
+            + (f" (first: {', '.join(f'`{i}`' for i in ids['extra_ids'])})" if ids["extra"] else "")
+        )
+    match = consistency.get("source_match")
+    if match is not None:
+        lines.append(
+            f"- source rows translated again with `{match['stitch']}` and compared: "
+            f"{match['sampled']}, not matching the target: {match['not_matching']}"
+            + "".join(
+                f"\n  - `{row['id']}`: cosine {_num(row['cosine'])}"
+                for row in match["not_matching_ids"]
+            )
+        )
+    return lines
 
 
 def _retrieval_lines(retrieval: dict[str, Any]) -> list[str]:

@@ -17,8 +17,14 @@ is then measured on documents the stitch has not seen.
 
 Given the ``source`` store, verify also checks that the target is complete
 (:func:`~lead.migrate.quality.completeness_check`): as many vectors as the source has rows
-with a vector (its rows less its NULL ones), so a migration that stopped part-way, or a
-target of other rows, fails even when every sampled vector is right.
+with a vector (its rows less its NULL ones), and the same ids (``same_ids``: every id of
+both stores is listed, one pass each; the report names the first ids missing from the
+target and the first it holds that the source does not), so a migration that stopped
+part-way, or a target of other rows, fails even when every sampled vector is right. Given
+the stitch too, a random sample of the ids in both is translated again from the source and
+compared with the target (``matches_source``): a target row whose cosine to the stitch's
+translation of its source row is below :data:`MATCH_COSINE` (a row replaced or edited in
+place, in either store, since the migration) fails it.
 
 The thresholds and their defaults are those of :mod:`lead.migrate.quality`. The report
 goes to ``report.json``, ``report.md`` and ``cosine.png`` in ``report_dir`` (and JUnit XML
@@ -39,8 +45,13 @@ import numpy as np
 from lead._metric_inputs import MIN_PAIRS, _pair, _unit_rows
 from lead._options import MAX_SEED, check_int_option
 from lead._version import __version__
-from lead.errors import InvalidInputError, NonFiniteError, ShapeMismatchError
-from lead.migrate._pairs import paired_sample
+from lead.errors import (
+    InvalidInputError,
+    NonFiniteError,
+    ShapeMismatchError,
+    TooFewPairsError,
+)
+from lead.migrate._pairs import _every_key, paired_sample
 from lead.migrate.quality import (
     Check,
     RetrievalQueries,
@@ -61,10 +72,15 @@ from lead.migrate.report import (
 from lead.migrate.stores import Source
 from lead.scorecard import core_scores
 
-__all__ = ["WORST_ROWS", "VerifyResult", "run_verify"]
+__all__ = ["MATCH_COSINE", "WORST_ROWS", "VerifyResult", "run_verify", "stitch_target_mean"]
 
-#: How many of the lowest-cosine ids the report names.
+#: How many of the lowest-cosine ids the report names (and of the ids that differ).
 WORST_ROWS = 10
+#: A target row matches its source row when its cosine to the stitch's translation of that
+#: row is at least this: the stored vector may be L2-normalised (``--normalize``) or rounded
+#: (a ``halfvec`` column, float16 Parquet: cosine > 0.99999), while a row replaced by
+#: another document's vector or edited in place falls far below.
+MATCH_COSINE = 0.9999
 JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "report.json", "report.md", "cosine.png"
 
 
@@ -147,6 +163,115 @@ def _vectors(store: Source) -> int:
     return len(store.sample_ids(store.info.rows, 0))
 
 
+def _id_differences(target: Source, source: Source, complete: bool) -> tuple[Check, dict[str, Any]]:
+    """``same_ids``: the ids with a vector in ``source`` and not in ``target`` (``missing``,
+    counted when ``complete``) and those of ``target`` not in ``source`` (``extra``)."""
+    target_ids = set(_every_key(target, "target", 0))
+    source_ids = set(_every_key(source, "source", 0))
+    missing, extra = source_ids - target_ids, target_ids - source_ids
+    counted = len(extra) + (len(missing) if complete else 0)
+    check = Check(
+        "same_ids",
+        "ids_differing",
+        float(counted),
+        0.0,
+        exclusive=False,
+        origin="source",
+        equal=True,
+        count=True,
+    )
+    details = {
+        "missing": len(missing),
+        "extra": len(extra),
+        "missing_ids": sorted(missing)[:WORST_ROWS],
+        "extra_ids": sorted(extra)[:WORST_ROWS],
+    }
+    return check, details
+
+
+def _translator_for(stitch: str | Path, source: Source, target: Source) -> Any:
+    """The stitch in the direction that maps ``source``'s dimension to ``target``'s."""
+    from lead.migrate.translator import LocalTranslator
+    from lead.stitches import InvertibleStitch
+
+    forward = LocalTranslator(stitch)
+    d_src, d_tgt = source.info.dim, target.info.dim
+    if (forward.ref.d_in, forward.ref.d_out) == (d_src, d_tgt):
+        return forward
+    if isinstance(forward.stitch, InvertibleStitch) and (
+        forward.ref.d_out,
+        forward.ref.d_in,
+    ) == (d_src, d_tgt):
+        return LocalTranslator(stitch, inverse=True)
+    raise ShapeMismatchError(
+        f"stitch {stitch} maps {forward.ref.d_in} to {forward.ref.d_out} dimensions, but the "
+        f"source has {d_src} and the target {d_tgt}: is it the stitch the migration applied?",
+        expected=forward.ref.d_in,
+        got=d_src,
+        param="stitch",
+    )
+
+
+def _source_match(
+    target: Source, source: Source, stitch: str | Path, sample: int, seed: int
+) -> tuple[Check, dict[str, Any]]:
+    """``matches_source``: up to ``sample`` random ids in both stores, their source rows
+    translated again and compared with the target's (cosine at least :data:`MATCH_COSINE`;
+    a source row that is now a zero vector does not match)."""
+    translator = _translator_for(stitch, source, target)
+    try:
+        paired = paired_sample([target, source], ["target", "source"], sample, seed, minimum=1)
+        keys, stored, rows = paired.ids, paired.vectors[0], paired.vectors[1]
+    except TooFewPairsError:  # no id in both: same_ids fails, nothing to compare
+        keys, stored, rows = [], np.zeros((0, 1)), np.zeros((0, 1))
+    cosine = np.full(len(keys), np.nan)
+    usable = np.abs(rows).max(axis=1, initial=0.0) > np.finfo(np.float32).tiny
+    if usable.any():
+        again = np.asarray(translator(np.ascontiguousarray(rows[usable], dtype=np.float32)))
+        kept = stored[usable].astype(np.float64)
+        norms = np.linalg.norm(again, axis=1) * np.linalg.norm(kept, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cosine[usable] = (again.astype(np.float64) * kept).sum(axis=1) / norms
+    bad = ~(cosine >= MATCH_COSINE)  # NaN (a zero vector in either store) does not match
+    check = Check(
+        "matches_source",
+        "rows_not_matching_source",
+        float(bad.sum()),
+        0.0,
+        exclusive=False,
+        origin="source",
+        equal=True,
+        count=True,
+    )
+    worst = np.argsort(np.nan_to_num(cosine, nan=-2.0))[: min(WORST_ROWS, int(bad.sum()))]
+    details = {
+        "stitch": str(stitch),
+        "inverse": bool(translator.inverse),
+        "sampled": len(keys),
+        "not_matching": int(bad.sum()),
+        "min_cosine": None if not usable.any() else float(np.nanmin(cosine)),
+        "not_matching_ids": [
+            {"id": keys[i], "cosine": None if np.isnan(cosine[i]) else float(cosine[i])}
+            for i in worst
+        ],
+    }
+    return check, details
+
+
+def stitch_target_mean(folder: str | Path) -> Any:
+    """The mean of the target vectors the stitch in ``folder`` was fitted on: the one
+    calibrate recorded (``fit.calibration.target_train_mean``), else the stitch's
+    ``target_mean`` (a gated or invertible stitch's differs from the plain mean by up to
+    ~3e-3 a value)."""
+    from lead.artifacts import load_stitch, read_stitch_config
+
+    fit = read_stitch_config(folder).get("fit")
+    calibration = fit.get("calibration") if isinstance(fit, dict) else None
+    if isinstance(calibration, dict) and calibration.get("target_train_mean") is not None:
+        return calibration["target_train_mean"]
+    return load_stitch(folder).target_mean.detach().double().cpu().numpy()
+
+
 def _writable_folder(path: Path, param: str, what: str, flag: str) -> None:
     """Refuse a path that is a file, or under one, where a folder is wanted."""
     for place in (path, *path.parents):
@@ -197,6 +322,7 @@ def run_verify(
     exclude_ids: Sequence[str] | None = None,
     complete: bool = True,
     target_train_mean: Any = None,
+    stitch: str | Path | None = None,
 ) -> VerifyResult:
     """Sample ids, compare translated with native vectors, check thresholds, write a report.
 
@@ -229,8 +355,14 @@ def run_verify(
         join the sample either, so retrieval is over unseen documents only.
     complete : bool, default True
         With ``source``: check that the target holds one vector per source row with a
-        vector (:func:`~lead.migrate.quality.completeness_check`); False skips it (a target
-        migrated from part of the source).
+        vector (:func:`~lead.migrate.quality.completeness_check`) and no id the source
+        lacks, nor lacks one it holds (``same_ids``); False checks only that it holds no id
+        the source lacks (a target migrated from part of the source).
+    stitch : str or Path, optional
+        With ``source``: the stitch the migration applied (a folder, a bundled id or a Hub
+        repo id; run backwards when its inverse is what maps the source's dimension to the
+        target's). Up to ``sample`` random ids are translated again from the source and
+        compared with the target (``matches_source``).
     target_train_mean : array of shape (d,), optional
         The mean of the native vectors the stitch was fitted towards (its ``target_mean``):
         the mean estimator predicts it and R² is measured against it, as ``calibrate`` and
@@ -254,9 +386,12 @@ def run_verify(
         Fewer than 4 ids with a vector in every store and not excluded (naming their row
         counts).
     ShapeMismatchError
-        Translated and native vectors (or queries and documents) of different dimensions.
+        Translated and native vectors (or queries and documents) of different dimensions;
+        a ``stitch`` that maps neither way between the source's and the target's.
     StoreNotFoundError, StoreError
         A store that is missing or cannot be reached.
+    StitchNotFoundError, StitchFormatError
+        ``stitch`` cannot be loaded.
 
     Notes
     -----
@@ -314,10 +449,18 @@ def run_verify(
         uris = [s.info.uri for s in stores]
         rows = dict(zip(names, paired.rows, strict=True))
         first = []
+        consistency: dict[str, Any] = {}
         if src is not None:
             rows["source"] = src.info.rows
             if complete:
                 first.append(completeness_check(_vectors(stores[0]), _vectors(src)))
+            check, consistency["ids"] = _id_differences(stores[0], src, complete)
+            first.append(check)
+            if stitch is not None:
+                check, consistency["source_match"] = _source_match(
+                    stores[0], src, stitch, sample, seed
+                )
+                first.append(check)
     translated, native_vectors = paired.vectors[0], paired.vectors[1]
     mean = None if target_train_mean is None else _train_mean(target_train_mean, native_vectors)
     scores, baseline, cosine, cosines = _figures(paired.ids, native_vectors, translated, mean)
@@ -361,6 +504,7 @@ def run_verify(
         "r2_reference": "sample mean" if mean is None else "target_train_mean",
         "cosine": cosine,
         "retrieval": retrieval,
+        "consistency": consistency or None,
     }
     return _write(report, checks, cosines, folder, junit)
 

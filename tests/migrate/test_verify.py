@@ -26,7 +26,7 @@ from lead.migrate.report import NO_PLOT, ONE_BAR_WIDTH, histogram_bins
 from lead.migrate.stores import with_params
 from lead.migrate.verify import run_verify
 from tests.migrate._data import NATIVE_ROWS, doc_ids, queries, write_parquet
-from tests.migrate.conftest import make_table
+from tests.migrate.conftest import make_table, sql
 
 _REPORT_FILES = {"report.json", "report.md", "cosine.png"}
 
@@ -81,6 +81,7 @@ def test_verify_passes_after_apply_and_writes_the_report(migrated, scifact_small
     assert report["sample"]["pairs"] == 300 and report["sample"]["rows"]["target"] == 400
     assert [c["name"] for c in report["checks"]] == [
         "complete",
+        "same_ids",
         "min_r2",
         "min_mean_cosine",
         "min_top1",
@@ -104,8 +105,11 @@ def test_verify_passes_after_apply_and_writes_the_report(migrated, scifact_small
     assert (tmp_path / "report" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     complete = report["checks"][0]
     assert (complete["value"], complete["operator"], complete["threshold"]) == (400, "==", 400)
+    assert report["consistency"] == {
+        "ids": {"missing": 0, "extra": 0, "missing_ids": [], "extra_ids": []}
+    }
     cases, failures = _junit(tmp_path / "junit.xml")
-    assert len(cases) == 5 and failures == []
+    assert len(cases) == 6 and failures == []
 
 
 def test_wrong_native_store_fails(migrated, tmp_path):
@@ -202,7 +206,7 @@ def test_verify_stitch_gives_calibrates_figures_for_a_gated_stitch(
     """A gated stitch's target_mean is not the plain mean of its training targets (~3e-3 a
     value apart): verify --stitch reads the mean calibrate recorded, so the R² and the mean
     estimator's figures are calibrate's own (an adversarial pass found them apart)."""
-    from lead.migrate.cli import _stitch_target_mean
+    from lead.migrate.verify import stitch_target_mean
 
     folder = tmp_path / "gated"
     calibrated = run_calibrate(
@@ -211,7 +215,7 @@ def test_verify_stitch_gives_calibrates_figures_for_a_gated_stitch(
     recorded = np.asarray(calibrated.fit["calibration"]["target_train_mean"])
     assert recorded.shape == (768,)
     assert not np.allclose(recorded, load_stitch(folder).target_mean.double().numpy(), atol=1e-4)
-    mean = _stitch_target_mean(str(folder))
+    mean = stitch_target_mean(str(folder))
     np.testing.assert_array_equal(np.asarray(mean), recorded)
     translated = write_parquet(
         tmp_path / "translated.parquet",
@@ -366,9 +370,10 @@ def test_a_target_missing_rows_of_the_source_fails_complete(scifact_small, mpnet
     result = run_verify(
         part, mpnet_file, source=source, report_dir=tmp_path / "r", junit=tmp_path / "j.xml"
     )
-    # every sampled vector is right: only the count tells the migration stopped part-way
+    # every sampled vector is right: only the count and the ids tell the migration stopped
+    # part-way
     assert not result.passed and result.exit_code == 1
-    assert [c.name for c in result.checks if not c.passed] == ["complete"]
+    assert [c.name for c in result.checks if not c.passed] == ["complete", "same_ids"]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     complete = report["checks"][0]
     assert (complete["name"], complete["value"], complete["threshold"]) == ("complete", 100, 400)
@@ -376,11 +381,100 @@ def test_a_target_missing_rows_of_the_source_fails_complete(scifact_small, mpnet
     markdown = (tmp_path / "r" / "report.md").read_text()
     assert "| `complete` | target_vectors | 100 | == | 400 | source | **FAIL** |" in markdown
     _, failures = _junit(tmp_path / "j.xml")
-    assert [f.get("message") for f in failures] == ["target_vectors 100 == 400 (source): FAIL"]
-    # without the source, or with the check off, nothing counts the rows
+    assert [f.get("message") for f in failures] == [
+        "target_vectors 100 == 400 (source): FAIL",
+        "ids_differing 300 == 0 (source): FAIL",
+    ]
+    assert report["consistency"]["ids"]["missing"] == 300
+    assert report["consistency"]["ids"]["missing_ids"] == sorted(str(i) for i in ids[100:])[:10]
+    assert "ids of the source missing from the target: 300" in markdown
+    # without the source, or with the check off, nothing counts the rows (a part of the
+    # source: only ids the source lacks would fail)
     assert run_verify(part, mpnet_file, report_dir=tmp_path / "r2").passed
     off = run_verify(part, mpnet_file, source=source, complete=False, report_dir=tmp_path / "r3")
     assert off.passed and "complete" not in {c.name for c in off.checks}
+    assert off.checks[0].name == "same_ids" and off.checks[0].value == 0
+
+
+def _copy_table(pg_uri: str, table: str, name: str) -> str:
+    sql(pg_uri, f"DROP TABLE IF EXISTS {name}")
+    sql(pg_uri, f"CREATE TABLE {name} AS SELECT * FROM {table}")
+    return with_params(pg_uri, table=name, column="emb")
+
+
+def test_a_tampered_target_fails_same_ids_and_matches_source(
+    migrated, pg_uri, scifact_small, tmp_path
+):
+    """A target with rows deleted, made-up ids inserted and 20 vectors overwritten (none of
+    them native ids, as many rows as the source) passed verify (an adversarial pass)."""
+    target = _copy_table(pg_uri, "ver_mpnet", "ver_tampered")
+    ids = doc_ids(scifact_small)
+    kw = {"source": migrated["source"], "stitch": migrated["stitch"], "sample": 400}
+    clean = run_verify(target, migrated["native"], report_dir=tmp_path / "clean", **kw)
+    assert clean.passed, [c.message() for c in clean.checks]
+    match = clean.report["consistency"]["source_match"]
+    assert (match["sampled"], match["not_matching"], match["inverse"]) == (400, 0, False)
+    assert match["min_cosine"] > 0.99999  # the bytes apply wrote, translated again
+    others = ids[np.setdiff1d(np.arange(len(ids)), NATIVE_ROWS)]  # 100 ids, none native
+    gone, overwritten = others[:3], others[3:23]
+    sql(pg_uri, f"DELETE FROM ver_tampered WHERE id IN ({','.join(map(str, gone))})")
+    sql(
+        pg_uri,
+        "INSERT INTO ver_tampered SELECT id + 1000000000000, emb FROM ver_tampered "
+        f"WHERE id IN ({','.join(map(str, others[30:33]))})",
+    )
+    sql(
+        pg_uri,
+        f"UPDATE ver_tampered SET emb = (SELECT emb FROM ver_tampered WHERE id = {others[40]}) "
+        f"WHERE id IN ({','.join(map(str, overwritten))})",
+    )
+    result = run_verify(target, migrated["native"], report_dir=tmp_path / "r", **kw)
+    assert not result.passed
+    assert {c.name for c in result.checks if not c.passed} == {"same_ids", "matches_source"}
+    consistency = result.report["consistency"]
+    assert consistency["ids"]["missing_ids"] == sorted(str(i) for i in gone)
+    assert consistency["ids"]["extra"] == 3
+    match = consistency["source_match"]
+    assert (match["sampled"], match["not_matching"]) == (397, 20)
+    assert {row["id"] for row in match["not_matching_ids"]} <= {str(i) for i in overwritten}
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "not matching the target: 20" in markdown
+
+
+def test_a_source_edited_after_the_migration_fails_matches_source(
+    migrated, pg_uri, scifact_small, tmp_path
+):
+    source = _copy_table(pg_uri, "ver_minilm", "ver_edited")
+    ids = doc_ids(scifact_small)
+    edited = ids[[5, 50, 150, 250, 350]]
+    sql(
+        pg_uri,
+        f"UPDATE ver_edited SET emb = (SELECT emb FROM ver_edited WHERE id = {ids[0]}) "
+        f"WHERE id IN ({','.join(map(str, edited))})",
+    )
+    result = run_verify(
+        migrated["target"],
+        migrated["native"],
+        source=source,
+        stitch=migrated["stitch"],
+        sample=400,
+        report_dir=tmp_path / "r",
+    )
+    assert [c.name for c in result.checks if not c.passed] == ["matches_source"]
+    match = result.report["consistency"]["source_match"]
+    assert match["not_matching"] == 5
+    assert {row["id"] for row in match["not_matching_ids"]} == {str(i) for i in edited}
+
+
+def test_a_stitch_that_maps_neither_way_is_refused(migrated, scifact_small, tmp_path):
+    with pytest.raises(ShapeMismatchError, match="is it the stitch the migration applied"):
+        run_verify(
+            migrated["target"],
+            migrated["native"],
+            source=migrated["source"],
+            stitch="minilm-to-pml3",
+            report_dir=tmp_path / "r",
+        )
 
 
 def test_complete_counts_the_source_rows_with_a_vector(scifact_small, tmp_path):

@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from python_multipart.multipart import parse_options_header
 
 from lead.errors import NotReadyError, UnsupportedMediaTypeError
 from service.arrow_io import ARROW_STREAM
@@ -116,8 +117,28 @@ def translate_context(request: Request) -> TranslateContext:
 
 
 def media_type(request: Request) -> str:
-    """The request's ``Content-Type`` without parameters, lower case ("" when missing)."""
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    """The request's ``Content-Type`` without parameters, lower case ("" when missing).
+
+    Raises
+    ------
+    UnsupportedMediaTypeError
+        Several ``Content-Type`` headers (which one a proxy reads is anyone's guess), or a
+        ``charset`` other than UTF-8 (bodies are read as UTF-8, RFC 8259 section 8.1).
+    """
+    values = request.headers.getlist("content-type")
+    if len(values) > 1:
+        raise UnsupportedMediaTypeError(
+            f"{len(values)} Content-Type headers: send one", param="Content-Type"
+        )
+    media, parameters = parse_options_header(values[0] if values else "")
+    charset = parameters.get(b"charset")
+    if charset is not None and charset.lower() not in (b"utf-8", b"utf8"):
+        raise UnsupportedMediaTypeError(
+            f"charset {charset.decode('latin-1')!r} in Content-Type: bodies must be UTF-8 "
+            "(send `charset=utf-8`, or no charset)"[:300],
+            param="Content-Type",
+        )
+    return media.decode("latin-1")
 
 
 def _is_json(media: str) -> bool:

@@ -46,6 +46,10 @@ def stitch_naming_error(
     The rule of :class:`TranslateOptions` and of the service's typed decoder
     (:class:`service.translate_body.TranslateFields`) alike.
     """
+    named = {"stitch": stitch, "source_model": source_model, "target_model": target_model}
+    for name, value in named.items():
+        if value == "":
+            return f"`{name}` is empty: give a stitch id, or the models' names"
     by_models = source_model is not None or target_model is not None
     if direction == "inverse" and stitch is None:
         return "direction 'inverse' needs `stitch` (an invertible stitch's id)"

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from service_helpers import b64, embeddings, unb64
 
 from service.app import create_app
+from service.arrow_io import ARROW_STREAM
 from service.settings import Settings
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -165,6 +166,37 @@ def test_json_content_type_variants(client: TestClient, queries: Any, content_ty
     body = orjson.dumps({"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])})
     r = client.post("/v1/translate", content=body, headers={"content-type": content_type})
     assert r.status_code == 200, r.text
+
+
+def test_ambiguous_content_types_and_empty_names_are_refused(
+    client: TestClient, queries: Any
+) -> None:
+    """Found by an adversarial pass: two Content-Type headers were answered as the first
+    one, a latin-1 charset was read as UTF-8, and ``?stitch=`` got 404 "no stitch ''"."""
+    import orjson
+
+    body = orjson.dumps({"stitch": "minilm-to-mpnet", "input": b64(queries["minilm"][:1])})
+    good = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert good.status_code == 200
+    two = [("content-type", "application/json"), ("content-type", ARROW_STREAM)]
+    r = client.post("/v1/translate", content=body, headers=two)
+    assert r.status_code == 415 and "2 Content-Type headers" in r.json()["error"]["message"]
+    for charset in ("latin-1", ""):
+        headers = {"content-type": f"application/json; charset={charset}"}
+        r = client.post("/v1/translate", content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        assert f"charset '{charset}'" in r.json()["error"]["message"]
+    quoted = {"content-type": 'application/json; charset="UTF-8"'}
+    assert client.post("/v1/translate", content=body, headers=quoted).content == good.content
+    for params in ("stitch=", "source_model=&target_model=x"):
+        r = client.post(
+            f"/v1/translate?{params}", content=b"", headers={"content-type": ARROW_STREAM}
+        )
+        assert r.status_code == 422 and "is empty" in r.text, r.text
+    empty = orjson.dumps({"stitch": "", "input": b64(queries["minilm"][:1])})
+    r = client.post("/v1/translate", content=empty, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "`stitch` is empty" in r.text
+    assert client.post("/v1/translate", content=body, headers=quoted).content == good.content
 
 
 def test_vectors_metric_counts(client: TestClient, queries: Any) -> None:

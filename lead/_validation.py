@@ -357,22 +357,26 @@ def check_config_fields(
 
 
 def check_device(name: Any) -> torch.device:
-    """Parse a torch device name: ``cpu`` or ``cuda[:N]``, CUDA available when asked for.
+    """Parse a torch device name: ``cpu`` or ``cuda[:N]``, a CUDA device that exists here.
 
     Raises
     ------
     InvalidInputError
-        For an unknown or unsupported device (``meta``, ``mps``, ...), or ``cuda`` on a
-        machine without CUDA.
+        For an unknown or unsupported device (``meta``, ``mps``, ``''``, ...), ``cuda`` on a
+        machine without CUDA, or ``cuda:N`` past the devices it has.
     """
+    unknown = f"unknown device {name!r}: use cpu or cuda[:N]"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise InvalidInputError(f"unknown device {name!r}", param="device") from None
+        raise InvalidInputError(unknown, param="device") from None
     if device.type not in ("cpu", "cuda"):
-        raise InvalidInputError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}", param="device")
+        raise InvalidInputError(unknown, param="device")
     if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(f"device {name!r}: this machine has no CUDA device", param="device")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise InvalidInputError(
-            "device 'cuda' asked for, but CUDA is not available", param="device"
+            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+            param="device",
         )
     return device

@@ -27,6 +27,7 @@ from lead._confidence_head import check_head, head_from_config
 from lead._durable import fsync_path
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
+from lead._validation import check_device
 from lead._version import __version__
 from lead.errors import (
     ConflictError,
@@ -666,10 +667,13 @@ def load_stitch(
         An architecture that is not registered.
     HubError
         The Hub could not be reached or refused the download.
+    InvalidInputError
+        An unknown device, or a CUDA device this machine does not have.
     """
+    target = check_device("cpu" if device is None else device)  # before any file is read
     stitch = _load_folder(stitch_folder(folder_or_repo_id, revision))
     stitch.requires_grad_(False)
-    stitch.to(device=device if device is not None else "cpu")
+    stitch.to(device=target)
     if dtype is not None:
         stitch.to(dtype=dtype)
     return stitch.eval()

@@ -72,6 +72,8 @@ _METRIC = {
     "min_top1": "top1_accuracy_score",
     "min_retention": "ndcg_at_10_retention",
 }
+#: The highest figure each bounded metric can reach: a threshold above it could never pass.
+_MOST = {"min_r2": 1.0, "min_mean_cosine": 1.0, "min_top1": 1.0}
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,7 +222,8 @@ def check_thresholds(
     Raises
     ------
     InvalidInputError
-        An unknown name, or a value that is not a finite number (or None).
+        An unknown name, a value that is not a finite number (or None), or one above the
+        most its figure can reach (1 for R², mean cosine and top-1).
     """
     merged = dict(DEFAULT_THRESHOLDS)
     for name, value in (thresholds or {}).items():
@@ -236,6 +239,12 @@ def check_thresholds(
                 )
             if not np.isfinite(value):
                 raise InvalidInputError(f"threshold {name} must be finite", param=name)
+            if name in _MOST and value > _MOST[name]:
+                raise InvalidInputError(
+                    f"threshold {name} must be at most {_MOST[name]:g} (its {_METRIC[name]} "
+                    f"cannot exceed it), got {value:g}",
+                    param=name,
+                )
             value = float(value)
         merged[name] = value
     return merged, frozenset(thresholds or {})

@@ -98,28 +98,6 @@ def _ref(name: str, folder: Path, stitch: Stitch, inverse: bool) -> StitchRef:
     return StitchRef(name, stitch_sha256(folder), *models, *dims)
 
 
-def _device(device: str | None) -> str:
-    """``cpu`` or ``cuda[:n]``, checked against this machine.
-
-    Raises
-    ------
-    InvalidInputError
-        An unknown device, or CUDA on a machine without it.
-    """
-    name = device or "cpu"
-    try:
-        parsed = torch.device(name)
-    except RuntimeError:
-        raise InvalidInputError(
-            f"unknown device {name!r}: use cpu or cuda", param="device"
-        ) from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError("--device cuda: this machine has no CUDA device", param="device")
-    if parsed.type not in ("cpu", "cuda"):
-        raise InvalidInputError(f"unknown device {name!r}: use cpu or cuda", param="device")
-    return name
-
-
 class LocalTranslator:
     """Run a stitch in this process, batch-invariantly (the bytes the service answers).
 
@@ -150,7 +128,7 @@ class LocalTranslator:
         device: str | None = None,
     ) -> None:
         folder = stitch_folder(name)
-        self.stitch = load_stitch(folder, device=_device(device)).freeze()
+        self.stitch = load_stitch(folder, device=device).freeze()
         self._run, _, _ = oriented(self.stitch, inverse=inverse, name=str(name))
         self.inverse, self.normalize = inverse, normalize
         self.ref = _ref(str(name), folder, self.stitch, inverse)

@@ -258,6 +258,21 @@ def test_translate_and_score_errors_exit_2(
         assert main(good + args) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {message}") and "translate:" not in err, err
+    # a device torch cannot parse, or one this machine lacks: one line, exit 2, for both
+    score = ["score", str(out), "--source", f"{DATA}:minilm_corpus",
+             "--target", f"{DATA}:mpnet_corpus"]  # fmt: skip
+    lacking = f"cuda:{torch.cuda.device_count()}"
+    for command in (score, [*good, str(tmp_path / "d.npy")]):
+        for device, message in [
+            ("foo", "unknown device 'foo'"),
+            ("", "unknown device ''"),
+            ("meta", "unknown device 'meta'"),
+            (lacking, f"device '{lacking}': this machine has"),
+        ]:
+            assert main([*command, f"--device={device}"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: {message}") and "Traceback" not in err, err
+    assert not (tmp_path / "d.npy").exists()
 
 
 def test_score_names_the_files_the_stitch_does_not_fit(

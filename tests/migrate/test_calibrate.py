@@ -164,6 +164,11 @@ def test_bad_arguments_are_refused_before_any_work(minilm_table, scifact_small, 
         run_calibrate(minilm_table, native, tmp_path / "s", sample=5)
     with pytest.raises(InvalidInputError, match="must be a number"):
         check_thresholds({"min_top1": True})
+    for name in ("min_top1", "min_r2", "min_mean_cosine"):  # could never pass
+        with pytest.raises(InvalidInputError, match=f"{name} must be at most 1"):
+            check_thresholds({name: 1.5})
+        assert check_thresholds({name: 1.0})[0][name] == 1.0
+    assert check_thresholds({"min_retention": 1.05})[0]["min_retention"] == 1.05
 
 
 def test_given_thresholds_replace_the_defaults(minilm_table, scifact_small, tmp_path):
@@ -176,12 +181,13 @@ def test_given_thresholds_replace_the_defaults(minilm_table, scifact_small, tmp_
         native,
         tmp_path / "stitch",
         method="procrustes",
-        thresholds={"min_top1": 1.01, "min_r2": None, "min_mean_cosine": 0.2},
+        thresholds={"min_top1": 0.2, "min_r2": None, "min_mean_cosine": 1.0},
     )
     checks = {c.name: c for c in result.checks}
     assert set(checks) == {"min_top1", "min_mean_cosine"}  # min_r2 off; no queries: no retention
-    assert checks["min_top1"].origin == "given" and not checks["min_top1"].passed
-    assert checks["min_mean_cosine"].threshold == 0.2 and checks["min_mean_cosine"].passed
+    assert checks["min_top1"].origin == "given" and checks["min_top1"].passed
+    assert checks["min_top1"].threshold == 0.2
+    assert checks["min_mean_cosine"].threshold == 1.0 and not checks["min_mean_cosine"].passed
     assert not result.passed and result.fit["method"] == "procrustes"
 
 

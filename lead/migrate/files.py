@@ -223,9 +223,13 @@ def _vector_column(schema: Any, wanted: str | None, where: str) -> str:
         if _is_vector_type(f.type) and pa.types.is_floating(f.type.value_type)
     ]
     if len(lists) != 1:
+        # lists of integers are vectors too, when named (read as float32)
+        others = [f"{f.name!r} ({f.type})" for f in schema if _is_vector_type(f.type)]
+        found = f"{len(lists)} list-of-floats columns ({', '.join(lists) or 'none'})"
+        if not lists and others:
+            found = f"no list-of-floats column, but lists of other numbers: {', '.join(others)}"
         raise InvalidInputError(
-            f"{where} has {len(lists)} list-of-floats columns ({', '.join(lists) or 'none'}); "
-            "name the vector column with ?column=NAME",
+            f"{where} has {found}; name the vector column with ?column=NAME",
             param="column",
         )
     return str(lists[0])

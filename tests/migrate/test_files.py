@@ -326,6 +326,8 @@ def _bad_sources(folder: Path, X: np.ndarray) -> dict[str, str]:
     pq.write_table(pa.table({"id": np.arange(4), "embedding": deep}), folder / "deep.parquet")
     words = pa.array(["a", "b", "c", "d"])
     pq.write_table(pa.table({"id": np.arange(4), "embedding": words}), folder / "words.parquet")
+    ints = pa.array(np.rint(X[:4] * 100).astype(np.int32).tolist(), pa.list_(pa.int32()))
+    pq.write_table(pa.table({"id": np.arange(4), "codes": ints}), folder / "ints.parquet")
     return {
         "mixed": str(folder / "mixed"),
         "ids": str(folder / "ids"),
@@ -333,6 +335,7 @@ def _bad_sources(folder: Path, X: np.ndarray) -> dict[str, str]:
         "nested": str(folder / "nested.parquet") + "?column=embedding",
         "deep": str(folder / "deep.parquet") + "?column=embedding",
         "words": str(folder / "words.parquet") + "?column=embedding",
+        "ints": str(folder / "ints.parquet"),  # no column named: lists of int32 only
     }
 
 
@@ -345,6 +348,12 @@ def _bad_sources(folder: Path, X: np.ndarray) -> dict[str, str]:
         ("nested", InvalidInputError, "'embedding' of .*nested.parquet is struct"),
         ("deep", InvalidInputError, "not a list of numbers"),
         ("words", InvalidInputError, "'embedding' of .*words.parquet is string"),
+        (
+            "ints",
+            InvalidInputError,
+            r"no list-of-floats column, but lists of other numbers: "
+            r"'codes' \(list<element: int32>\); name the vector column with \?column=NAME",
+        ),
     ],
 )
 def test_bad_sources_get_one_clear_error(

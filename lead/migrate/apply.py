@@ -258,6 +258,17 @@ def _translate(
         ) from None
 
 
+def _after_zero_vector(source: Source) -> str:
+    """What to do once a zero vector stopped a run midway (the rows before it written)."""
+    done = "The rows before it are in the target, which is not marked finished: "
+    if getattr(source, "fingerprint", None) is not None:  # files: resumed by row position
+        return done + "fix or remove that row in the source file, then " + _START_AGAIN
+    return (
+        done + "fix or delete that row in the source (or set its vector to NULL and pass "
+        "--skip-null), then run the same command again to resume"
+    )
+
+
 def _translated(
     batches: Iterator[Batch], translator: Translator, column: str, scored: bool
 ) -> Iterator[tuple[Batch, tuple[np.ndarray, np.ndarray | None]]]:
@@ -383,6 +394,11 @@ def run_apply(
             else:
                 target.write(batch.ids, out, state)
             report(written)
+    except ZeroVectorError as error:  # the rows before it are written: say what next
+        raise ZeroVectorError(
+            f"{error.message}. {_after_zero_vector(source)}", row=error.row, param=error.param
+        ) from None
+    else:
         check_written_rows(target.uri, written, total, resumed)
         target.finish(Progress(position=state.position, rows_written=written, done=True))
     finally:

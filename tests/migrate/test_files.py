@@ -19,6 +19,7 @@ from lead.errors import (
     ConflictError,
     DecodeError,
     InvalidInputError,
+    ZeroVectorError,
 )
 from lead.migrate.apply import migration_spec
 from lead.migrate.partitions import Partition, migrate_partition, partition_store
@@ -405,6 +406,28 @@ def test_a_damaged_part_is_named(tmp_path, scifact_small, minilm_to_mpnet):
     (target / "part-000002.parquet").write_bytes(b"half a part")
     with pytest.raises(DecodeError, match="damaged"):
         _apply(source, target, minilm_to_mpnet, batch_size=20)
+
+
+def test_a_zero_vector_mid_run_stops_and_says_what_next(tmp_path, scifact_small, minilm_to_mpnet):
+    X = scifact_small.corpus["minilm"][:100].copy()
+    broken = X.copy()
+    broken[70] = 0  # a unit-input stitch cannot scale it
+    source = write_parquet(tmp_path / "src.parquet", np.arange(100), broken)
+    target = tmp_path / "out"
+    with pytest.raises(ZeroVectorError, match="id 70 in emb is all zeros") as stopped:
+        _apply(source, target, minilm_to_mpnet, batch_size=30)
+    # a file is resumed by row position: a fixed file goes to a new target
+    assert "fix or remove that row in the source file, then to migrate" in str(stopped.value)
+    assert len(_read(target)[0]) == 60  # the batches before it, not marked finished
+    keep = np.arange(100) != 70
+    write_parquet(tmp_path / "src.parquet", np.arange(100)[keep], X[keep])
+    with pytest.raises(ConflictError, match="whose files changed"):
+        _apply(source, target, minilm_to_mpnet, batch_size=30)
+    result = _apply(source, tmp_path / "new", minilm_to_mpnet, batch_size=30)
+    assert (result.rows_written, result.rows_total) == (99, 99)
+    ids, vectors = _read(tmp_path / "new")
+    np.testing.assert_array_equal(ids, np.arange(100)[keep])
+    np.testing.assert_array_equal(vectors, minilm_to_mpnet(X[keep]))
 
 
 # 6. target parameters, part numbers, a manifest killed before its rename

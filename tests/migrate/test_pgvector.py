@@ -16,6 +16,7 @@ from lead.errors import (
     ShapeMismatchError,
     StoreError,
     StoreNotFoundError,
+    ZeroVectorError,
 )
 from lead.migrate.apply import migration_spec, run_apply
 from lead.migrate.partitions import partition_store, plan_partitions
@@ -118,6 +119,31 @@ def test_rows_added_behind_the_checkpoint_fail_the_resume(pg_uri, scifact_small,
     result = migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
     assert (result.rows_total, result.already_done) == (n, False)
     np.testing.assert_allclose(_fetch(target, ids), minilm_to_mpnet(X), atol=1e-5, rtol=0)
+
+
+def test_a_zero_vector_mid_run_stops_and_the_fixed_table_resumes(
+    pg_uri, scifact_small, minilm_to_mpnet
+):
+    X = scifact_small.corpus["minilm"][:200].copy()
+    broken = X.copy()
+    broken[120] = 0  # a unit-input stitch cannot scale it
+    ids = np.arange(200, dtype=np.int64)
+    source = make_table(pg_uri, "t_zero", ids, broken)
+    target = with_params(pg_uri, table="t_zero_out", column="emb")
+    with pytest.raises(ZeroVectorError, match=r"id 120 in t_zero\.emb is all zeros") as stopped:
+        migrate.apply(source, target, minilm_to_mpnet, batch_size=50, progress=False)
+    assert "set its vector to NULL and pass --skip-null" in str(stopped.value)
+    assert "run the same command again to resume" in str(stopped.value)
+    assert sql(pg_uri, "SELECT count(*) FROM t_zero_out")[0][0] == 100
+    sql(pg_uri, "UPDATE t_zero SET emb = NULL WHERE id = 120")  # as the message says
+    result = migrate.apply(
+        source, target, minilm_to_mpnet, batch_size=50, skip_null=True, progress=False
+    )
+    assert (result.resumed_from, result.rows_total) == (100, 199)
+    keep = ids != 120
+    np.testing.assert_allclose(
+        _fetch(target, ids[keep]), minilm_to_mpnet(X[keep]), atol=1e-5, rtol=0
+    )
 
 
 def test_null_vectors_are_refused_or_skipped(pg_uri, scifact_small, minilm_to_mpnet):

@@ -38,6 +38,7 @@ __all__ = [
     "RegistryDep",
     "SettingsDep",
     "TranslateContext",
+    "body_error",
     "check_query",
     "get_align_limiter",
     "get_limiter",
@@ -217,6 +218,12 @@ def _refuse_non_utf8(query: bytes) -> None:
 
 def _query_error(key: str, value: str, message: str) -> RequestValidationError:
     error = {"type": "value_error", "loc": ("query", key), "msg": message, "input": value}
+    return RequestValidationError([error])
+
+
+def body_error(key: str, value: str, message: str) -> RequestValidationError:
+    """A 422 naming the body (form) field ``key``, as FastAPI's own validation errors do."""
+    error = {"type": "value_error", "loc": ("body", key), "msg": message, "input": value[:100]}
     return RequestValidationError([error])
 
 

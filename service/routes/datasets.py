@@ -14,10 +14,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from lead._options import name_problem
 from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
+from service.deps import body_error, media_type
 from service.jobs.datasets import METADATA_LIMIT
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import DatasetList, DatasetOut, job_error_responses
@@ -46,6 +47,8 @@ _UPLOAD_BODY: dict[str, Any] = {
                         "name": {"type": "string", "maxLength": METADATA_LIMIT},
                     },
                     "required": ["file"],
+                    "additionalProperties": False,
+                    "description": "`name` here or as `?name=`, not both (422).",
                 }
             },
         },
@@ -78,6 +81,26 @@ def _check_label(name: str | None) -> None:
         raise InvalidInputError(f"name {problem}", param="name")
 
 
+#: The fields of a multipart upload: the file, and its label (or ``?name=``).
+_FORM_FIELDS = ("file", "name")
+
+
+def _check_form_fields(form: FormData, *, query_name: str | None) -> None:
+    """Refuse (422) a form field other than ``file`` and ``name``, one given twice, or a
+    ``name`` given both as a form field and as ``?name=`` (one would be dropped silently),
+    as unknown and repeated query parameters are."""
+    seen: set[str] = set()
+    for key, value in form.multi_items():
+        shown = value if isinstance(value, str) else "(a file)"
+        if key not in _FORM_FIELDS:
+            raise body_error(key, shown, "not a field of this form (file, name)")
+        if key in seen:
+            raise body_error(key, shown, "given more than once; give each form field once")
+        if key == "name" and query_name is not None:
+            raise body_error(key, shown, "given both as a form field and as ?name=; give one")
+        seen.add(key)
+
+
 @router.post(
     "/v1/datasets",
     status_code=201,
@@ -93,18 +116,18 @@ async def upload_dataset(
     name: Annotated[str | None, Query(max_length=METADATA_LIMIT, description="A label.")] = None,
 ) -> DatasetOut:
     """Store a dataset for jobs and alignment; answers 201 with its id and shapes."""
-    content_type = request.headers.get("content-type", "")
-    media_type = content_type.split(";", 1)[0].strip().lower()
+    media = media_type(request)  # two Content-Type headers: 415
     _check_label(name)
-    if media_type in _RAW_TYPES:
+    if media in _RAW_TYPES:
         record = await jobs.upload_dataset(request.stream(), name=name)
-    elif media_type == "multipart/form-data":
+    elif media == "multipart/form-data":
         async with request.form(max_files=1, max_fields=4) as form:
             upload = form.get("file")
             if not isinstance(upload, UploadFile):
                 raise InvalidInputError(
                     "the multipart form needs a file field named 'file'", param="file"
                 )
+            _check_form_fields(form, query_name=name)
             label = form.get("name")
             if isinstance(label, str) and len(label) > METADATA_LIMIT:
                 raise LimitExceededError(
@@ -118,6 +141,7 @@ async def upload_dataset(
             _check_label(label)
             record = await jobs.upload_dataset(_file_chunks(upload), name=label)
     else:
+        content_type = request.headers.get("content-type", "")
         raise UnsupportedMediaTypeError(
             "send the .safetensors file as application/octet-stream or multipart/form-data, "
             f"not {content_type or 'no Content-Type'!r}",

@@ -142,6 +142,32 @@ def test_upload_multipart_and_other_float_dtypes(
     assert len(client.get("/v1/datasets").text) < 10_000
 
 
+def test_upload_form_fields_and_content_types_are_refused_not_dropped(
+    client: TestClient, pairs: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A form field other than file and name, a name both in the form and in the query,
+    and two Content-Type headers were stored, the extra value dropped (an adversarial
+    pass): each is a 4xx naming it, and nothing is stored."""
+    body = dataset_bytes(*pairs)
+    before = client.get("/v1/datasets", params={"limit": 100}).json()["data"]
+    file = {"file": ("pairs.safetensors", body, "application/octet-stream")}
+    for params, data, field, message in [
+        ({}, {"bogus": "1"}, "bogus", "not a field of this form"),
+        ({"name": "q"}, {"name": "f"}, "name", "both as a form field and as ?name="),
+        ({}, {"name": ["a", "b"]}, "name", "given more than once"),
+    ]:
+        r = client.post("/v1/datasets", params=params, files=file, data=data)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["param"] == field and message in error["message"], error
+    raw = [("content-type", "application/octet-stream"), ("content-type", "application/json")]
+    r = client.post("/v1/datasets", content=body, headers=raw)
+    assert r.status_code == 415, r.text
+    assert "2 Content-Type headers" in r.json()["error"]["message"]
+    assert client.get("/v1/datasets", params={"limit": 100}).json()["data"] == before
+    assert upload(client, body, name="after the refusals")["pairs"] == 50
+
+
 def test_list_get_delete(
     client: TestClient, pairs: tuple[np.ndarray, np.ndarray], data_dir: Path
 ) -> None:

@@ -345,6 +345,14 @@ class JobManager:
             stitch_id
         ):
             raise ConflictError(f"a stitch with id {stitch_id!r} exists already", param="stitch_id")
+        token = self.settings.hf_token
+        if body.push_to_hub and not (token is not None and token.get_secret_value()):
+            # known now: the job would train, then fail its push
+            raise InvalidInputError(
+                "push_to_hub needs a Hugging Face token, and this server has none "
+                "(LEAD_HF_TOKEN); drop push_to_hub to keep the stitch on this server",
+                param="push_to_hub",
+            )
         if body.resources is not None and body.resources.gpus > 0 and not self.settings.ray_address:
             raise InvalidInputError(
                 "resources.gpus needs jobs on Ray (LEAD_RAY_ADDRESS); this server trains in its "

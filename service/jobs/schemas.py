@@ -257,7 +257,8 @@ class JobCreate(PairsInput):
     push_to_hub: str | None = Field(
         default=None,
         pattern=_HUB_REPO,
-        description="Hub repo (`org/name`) to push the stitch to; needs LEAD_HF_TOKEN.",
+        description="Hub repo (`org/name`) to push the stitch to; needs LEAD_HF_TOKEN "
+        "(400 without).",
     )
     stitch_id: str | None = Field(
         default=None,

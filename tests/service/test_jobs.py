@@ -30,6 +30,7 @@ from jobs_helpers import (
 from service_helpers import b64, embeddings
 
 from lead.artifacts import load_stitch
+from service.jobs.worker import _push
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MPNET = "sentence-transformers/all-mpnet-base-v2"
@@ -286,19 +287,20 @@ def test_a_job_that_cannot_fit_fails_with_a_reason(
     assert jobs.get(f"/v1/stitches/{job['stitch_id']}").status_code == 404
 
 
-def test_push_without_a_token_keeps_the_stitch_and_says_why(
-    jobs: TestClient, scifact_small: Any
+def test_push_without_a_token_is_refused_at_submission(
+    jobs: TestClient, scifact_small: Any, tmp_path: Path
 ) -> None:
-    # (16 pairs score below the baseline: allowed, so that the push is tried)
+    """It was accepted, trained, and its push failed in the result (an adversarial pass)."""
+    before = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
     body = tiny_body(scifact_small, push_to_hub="lead-test/no-token", allow_below_baseline=True)
     r = jobs.post("/v1/jobs", json=body)
-    assert r.status_code == 202, r.text
-    job = wait_job(jobs, r.json()["id"])
-    assert job["status"] == "succeeded", job
-    push = job["result"]["push"]
-    assert push["status"] == "failed" and push["repo_id"] == "lead-test/no-token"
-    assert "token" in push["reason"]
-    assert jobs.get(f"/v1/stitches/{job['stitch_id']}").status_code == 200
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "push_to_hub" and "LEAD_HF_TOKEN" in error["message"]
+    assert jobs.get("/v1/jobs", params={"limit": 100}).json()["data"] == before
+    # a job queued before a restart without the token: the stitch is kept, the push says why
+    push = _push(tmp_path, "lead-test/no-token", None)
+    assert push["status"] == "failed" and "LEAD_HF_TOKEN" in push["reason"]
 
 
 def test_idempotency_key(jobs: TestClient, scifact_small: Any) -> None:

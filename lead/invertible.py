@@ -146,6 +146,32 @@ class InvertibleConfig:
         check_device(self.device)
 
 
+def _svd(matrix: Tensor, *, full_matrices: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """``torch.linalg.svd``, once more in the other floating precision when LAPACK's
+    divide-and-conquer driver fails to converge (it did for a well-conditioned 768 x 384
+    start in float64 with one thread, and not in float32 or with two).
+
+    Raises
+    ------
+    FitError
+        When it fails in both precisions.
+    """
+    try:  # torch.linalg.LinAlgError is a RuntimeError (and not typed as exported)
+        U, S, Vh = torch.linalg.svd(matrix, full_matrices=full_matrices)
+        return U, S, Vh
+    except RuntimeError:
+        other = torch.float32 if matrix.dtype == torch.float64 else torch.float64
+        try:
+            parts = torch.linalg.svd(matrix.to(other), full_matrices=full_matrices)
+        except RuntimeError:
+            raise FitError(
+                f"the invertible fit's linear start, shape {tuple(matrix.shape)}, did not converge "
+                "(LAPACK's SVD); more pairs or a larger covariance_reg may help"
+            ) from None
+        U, S, Vh = (part.to(matrix.dtype) for part in parts)
+        return U, S, Vh
+
+
 def _square_start(weight: Tensor, min_ratio: float) -> Tensor:
     """Embed the ridge weight (d_tgt, d_src) in a well-conditioned invertible (D, D) matrix.
 
@@ -155,11 +181,11 @@ def _square_start(weight: Tensor, min_ratio: float) -> Tensor:
     d_tgt, d_src = weight.shape
     if d_src != d_tgt:
         tall = weight if d_src < d_tgt else weight.T  # (D, d) with D > d
-        U, S, _ = torch.linalg.svd(tall, full_matrices=True)
+        U, S, _ = _svd(tall)
         complement = U[:, tall.shape[1] :] * S.median()
         square = torch.cat([tall, complement], dim=1)
         weight = square if d_src < d_tgt else square.T
-    U, S, Vh = torch.linalg.svd(weight)
+    U, S, Vh = _svd(weight)
     S = S.clamp_min(float(S.max()) * min_ratio)
     conditioned: Tensor = (U * S) @ Vh
     return conditioned
@@ -207,8 +233,10 @@ def _set_linear(
     try:
         _, Sx_inv = _root_pair(Xc.T @ Xc / n, reg)
         Sy, Sy_inv = _root_pair(Yc.T @ Yc / n, reg)
-        U, rho, Vh = torch.linalg.svd(Sx_inv @ (Xc.T @ Yc / n) @ Sy_inv, full_matrices=False)
+        U, rho, Vh = _svd(Sx_inv @ (Xc.T @ Yc / n) @ Sy_inv, full_matrices=False)
     except RuntimeError as error:  # torch.linalg.LinAlgError
+        if isinstance(error, FitError):  # from _svd: says what helps
+            raise
         raise FitError(f"canonical correlation start failed: {error}") from None
     gains = _balanced_gains(rho.clamp(0.0, 1.0), config.inverse_weight)
     W = _square_start(Sy @ Vh.T @ torch.diag(gains) @ U.T @ Sx_inv, config.min_singular_ratio)

@@ -14,6 +14,7 @@ from lead.errors import InvalidInputError, ShapeMismatchError, TooFewPairsError
 from lead.fitting import fit_stitch
 from lead.invertible import InvertibleConfig, train_invertible
 from lead.metrics import r2_score, top1_accuracy_score
+from lead.splits import holdout_split
 from lead.stitches import InvertibleStitch, StitchInfo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -236,3 +237,47 @@ def test_vectors_at_an_extreme_scale_are_named_as_such() -> None:
     with pytest.raises(IllConditionedError, match="scale far from 1") as caught:
         fit_stitch(X * 1e-30, Y * 1e-30, "invertible")
     assert "all 162 rows are the same vector" not in caught.value.message
+
+
+def test_few_pairs_into_a_wider_space_fit_with_one_thread(scifact_small: Any) -> None:
+    """160 MiniLM -> mpnet pairs (a job's 200 with 0.2 held out), one thread: LAPACK's SVD of
+    the linear start did not converge in float64 and the job failed with torch's message
+    (an adversarial pass); the start is taken again in float32."""
+    train, _ = holdout_split(200, 0.2, 0)
+    X, Y = scifact_small.corpus["minilm"][train], scifact_small.corpus["mpnet"][train]
+    info = StitchInfo(source_model="a", target_model="b", source_normalized=True)
+    stitch = fit_stitch(X, Y, "invertible", info=info, normalize_output=True)
+    x = torch.from_numpy(scifact_small.queries["minilm"][:20])
+    with torch.no_grad():
+        y = stitch(x)
+        assert torch.isfinite(y).all()
+        back = stitch.inverse(y)
+    cosines = torch.nn.functional.cosine_similarity(back, x)
+    assert float(cosines.min()) > 0.999  # still a bijection
+
+
+def test_a_start_that_does_not_converge_is_retried_then_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lead import invertible
+    from lead.errors import FitError
+
+    real = torch.linalg.svd
+    matrix = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def refuses(dtypes: tuple[torch.dtype, ...]) -> Any:
+        def svd(a: torch.Tensor, **kw: Any) -> Any:
+            if a.dtype in dtypes:
+                raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+            return real(a, **kw)
+
+        return svd
+
+    monkeypatch.setattr(torch.linalg, "svd", refuses((torch.float64,)))
+    U, S, Vh = invertible._svd(matrix)
+    assert U.dtype == S.dtype == Vh.dtype == torch.float64 and U.shape == (12, 12)
+    rebuilt = U[:, :6] * S @ Vh
+    torch.testing.assert_close(rebuilt, matrix, atol=1e-5, rtol=0)  # float32's precision
+    monkeypatch.setattr(torch.linalg, "svd", refuses((torch.float64, torch.float32)))
+    with pytest.raises(FitError, match=r"linear start, shape \(12, 6\), did not converge"):
+        invertible._svd(matrix)

@@ -80,6 +80,10 @@ class StitchRegistry:
         #: Job-trained stitches that this server will load (id → why the last try failed,
         #: or None): 503, not 404, until they are registered (see :meth:`await_stitches`).
         self._awaited: dict[str, str | None] = {}
+        #: Those of them found published at start-up and not tried yet: ``/readyz`` waits
+        #: for each one's first try (a restarted server said ready, then answered 503 for
+        #: the stitches it had served before; later ones never make a ready server unready).
+        self._at_start: set[str] = set()
         self._failures: dict[str, LoadFailure] = {}
         self._model_dims: dict[str, int] = {}
         self._loading = False
@@ -93,26 +97,32 @@ class StitchRegistry:
             self._loading = True
             self._pending.update(stitch_ids)
 
-    def await_stitches(self, stitch_ids: list[str]) -> None:
+    def await_stitches(self, stitch_ids: list[str], *, at_start: bool = False) -> None:
         """Mark published job-trained stitches as coming: until :meth:`register` serves one,
         requests naming it get 503 ``not_ready`` (after a restart they got 404 for the
-        seconds the watcher took, and a client that takes 404 as final dropped them)."""
+        seconds the watcher took, and a client that takes 404 as final dropped them).
+        ``at_start``: found at start-up, so pending in :meth:`readiness` until its first
+        try (:meth:`register` or :meth:`await_failed`)."""
         with self._lock:
             for stitch_id in stitch_ids:
                 if stitch_id not in self._entries:
                     self._awaited.setdefault(stitch_id, None)
+                    if at_start:
+                        self._at_start.add(stitch_id)
 
     def await_failed(self, stitch_id: str, message: str) -> None:
         """Record why an awaited stitch failed to load (it is tried again: still 503)."""
         with self._lock:
             if stitch_id in self._awaited:
                 self._awaited[stitch_id] = message
+            self._at_start.discard(stitch_id)  # tried: no longer holds /readyz
 
     def stop_awaiting(self, keep: set[str]) -> None:
         """Forget the awaited stitches not in ``keep`` (deleted or no longer served)."""
         with self._lock:
             for stitch_id in set(self._awaited) - keep:
                 del self._awaited[stitch_id]
+                self._at_start.discard(stitch_id)
 
     @property
     def loading(self) -> bool:
@@ -180,6 +190,7 @@ class StitchRegistry:
             self._entries[stitch_id] = entry
             self._pending.discard(stitch_id)
             self._awaited.pop(stitch_id, None)
+            self._at_start.discard(stitch_id)
             self._failures.pop(stitch_id, None)
         return entry
 
@@ -269,7 +280,7 @@ class StitchRegistry:
         with self._lock:
             return Readiness(
                 ready=sorted(self._entries),
-                pending=sorted(self._pending),
+                pending=sorted(self._pending | self._at_start),
                 failed=[self._failures[k] for k in sorted(self._failures)],
                 loading=self._loading,
             )

@@ -196,7 +196,7 @@ class JobManager:
                 logger.warning("removing stitch %s: it was deleted", stitch_id)
                 self.stitches.delete(stitch_id)
         if self.registry is not None:
-            self.registry.await_stitches(StitchWatcher.wanted(published))
+            self.registry.await_stitches(StitchWatcher.wanted(published), at_start=True)
             self.watcher = StitchWatcher(
                 self.store, self.stitches, self.registry, settings.stitch_poll_seconds
             )

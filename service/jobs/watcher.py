@@ -36,6 +36,9 @@ __all__ = ["StitchWatcher", "SyncReport"]
 
 logger = logging.getLogger("lead.jobs")
 
+#: How often the watcher's thread looks whether the configured stitches are in (seconds).
+_LOADING_POLL_S = 0.05
+
 
 @dataclass(frozen=True)
 class SyncReport:
@@ -116,18 +119,28 @@ class StitchWatcher:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        # a pass as soon as the configured stitches are in (a pass skips until then), not
+        # up to an interval later: /readyz waits for the stitches published at start-up
+        while self.registry.loading:
+            if self._stop.wait(_LOADING_POLL_S):
+                return
+        self._pass()
         while not self._stop.wait(self.interval_s):
-            try:
-                self.sync()
-            except Exception as error:  # the job store unreachable, say: try again next pass
-                message = f"{type(error).__name__}: {error}"
-                if message != self._pass_error:
-                    logger.exception("stitch watcher pass failed (tried again every pass)")
-                self._pass_error = message
-            else:
-                if self._pass_error is not None:
-                    logger.info("stitch watcher passes work again")
-                self._pass_error = None
+            self._pass()
+
+    def _pass(self) -> None:
+        """:meth:`sync`, a failure logged once (the next pass tries again)."""
+        try:
+            self.sync()
+        except Exception as error:  # the job store unreachable, say: try again next pass
+            message = f"{type(error).__name__}: {error}"
+            if message != self._pass_error:
+                logger.exception("stitch watcher pass failed (tried again every pass)")
+            self._pass_error = message
+        else:
+            if self._pass_error is not None:
+                logger.info("stitch watcher passes work again")
+            self._pass_error = None
 
     # ------------------------------------------------------------------------- pass
     def sync(self) -> SyncReport:

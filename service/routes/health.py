@@ -37,7 +37,9 @@ async def healthz() -> HealthOut:
     responses={503: {"model": ReadinessOut, "description": "Loading, or a stitch failed."}},
 )
 async def readyz(request: Request) -> JSONResponse:
-    """200 once every configured stitch is loaded and has passed its test vector.
+    """200 once every configured stitch is loaded and has passed its test vector, and
+    every stitch trained by a job and published before start-up has had its first try
+    (one that failed it is tried again while the server is ready, answering 503 meanwhile).
 
     Otherwise 503, listing the stitches still pending and those that failed (a failed
     stitch keeps the service unready until the configuration is fixed), with

@@ -13,6 +13,7 @@ from jobs_helpers import make_jobs_client, scifact_dataset, upload, wait_job
 from service_helpers import b64
 
 from service.jobs.store import JobStore
+from tests.conftest import REPO
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MPNET = "sentence-transformers/all-mpnet-base-v2"
@@ -198,5 +199,43 @@ def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
                 break
             time.sleep(0.1)
         assert r.status_code == 200, r.text
+    finally:
+        restarted.__exit__(None, None, None)
+
+
+def test_readyz_waits_for_the_job_stitches_served_before_a_restart(
+    tmp_path: Path, scifact_small: Any
+) -> None:
+    """With the configured stitches loading in the background, /readyz said 200 before the
+    job stitches published before the restart were served again: requests naming them got
+    503 and the listing lacked them (an adversarial pass). The watcher's interval here is
+    far longer than the test, so only a pass right after the configured stitches load
+    serves it in time."""
+    sf = scifact_small
+    pairs = {"source_model": MINILM, "target_model": MPNET, "stitch_id": "trained",
+             "source": b64(sf.corpus["minilm"][:60]), "target": b64(sf.corpus["mpnet"][:60]),
+             "allow_below_baseline": True}  # fmt: skip
+    client = make_jobs_client(tmp_path / "data")
+    try:
+        r = client.post("/v1/jobs", json=pairs)
+        assert wait_job(client, r.json()["id"])["status"] == "succeeded"
+    finally:
+        client.__exit__(None, None, None)
+    bundled = str(REPO / "models" / "minilm-to-mpnet")
+    restarted = make_jobs_client(
+        tmp_path / "data", stitches=[bundled], load_in_background=True, stitch_poll_seconds=60
+    )
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        while (r := restarted.get("/readyz")).status_code != 200:
+            assert r.status_code == 503 and time.monotonic() < deadline, r.text
+            seen.extend(r.json()["pending"])
+            time.sleep(0.02)
+        assert set(r.json()["ready"]) == {"minilm-to-mpnet", "trained"}, r.text
+        assert "trained" in {s["id"] for s in restarted.get("/v1/stitches").json()["data"]}
+        x = {"stitch": "trained", "input": b64(sf.queries["minilm"][:2])}
+        assert restarted.post("/v1/translate", json=x).status_code == 200
+        assert "trained" in seen or "minilm-to-mpnet" in seen  # it was loading at first
     finally:
         restarted.__exit__(None, None, None)

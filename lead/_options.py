@@ -23,8 +23,10 @@ __all__ = [
     "FIT_METHODS_HELP",
     "check_float_option",
     "check_int_option",
+    "fraction_argument",
     "name_problem",
     "parse_option_items",
+    "seconds_argument",
     "seed_argument",
     "text_argument",
 ]
@@ -112,6 +114,42 @@ def seed_argument(text: str) -> int:
     if not 0 <= seed <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {seed}")
     return seed
+
+
+def seconds_argument(text: str) -> float:
+    """The ``type`` of a command line's durations (``--interval``, ``--timeout``): a finite
+    number of seconds >= 0 (``-1`` reached ``time.sleep`` with a traceback after the job
+    was submitted; ``nan`` waited for ever).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Shown by argparse as a usage error.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return seconds
+
+
+def fraction_argument(text: str) -> float:
+    """The ``type`` of a command line's ``--holdout``: a finite number in [0, 1).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Shown by argparse as a usage error.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
 
 
 def _shown(value: Any) -> Any:

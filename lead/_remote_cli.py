@@ -30,7 +30,14 @@ from typing import Any
 
 import httpx
 
-from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument, text_argument
+from lead._options import (
+    FIT_METHODS_HELP,
+    fraction_argument,
+    parse_option_items,
+    seconds_argument,
+    seed_argument,
+    text_argument,
+)
 from lead.client import DEFAULT_SERVER_URL, LeadClient
 from lead.errors import AuthenticationError, StoreError
 
@@ -135,6 +142,8 @@ def _submit(client: LeadClient, args: argparse.Namespace) -> int:
     dataset = args.dataset
     options = parse_option_items(args.option)  # a bad --option before any upload
     uploaded = None
+    if dataset is not None and (args.source or args.target):  # the files were ignored
+        return _fail("give --dataset, or --source and --target files, not both")
     if dataset is None:
         if not (args.source and args.target):
             return _fail("give --dataset, or --source and --target files")
@@ -295,7 +304,9 @@ def add_remote_commands(commands: Any) -> None:
         help=FIT_METHODS_HELP,
     )
     submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
-    submit.add_argument("--holdout", type=float, default=0.2, help="held-out share")
+    submit.add_argument(
+        "--holdout", type=fraction_argument, default=0.2, help="held-out share, in [0, 1)"
+    )
     submit.add_argument("--seed", type=seed_argument, default=0)
     submit.add_argument("--push-to-hub", metavar="ORG/NAME")
     submit.add_argument("--stitch-id")
@@ -307,7 +318,9 @@ def add_remote_commands(commands: Any) -> None:
     )
     submit.add_argument("--idempotency-key")
     submit.add_argument("--wait", action="store_true", help="follow the job to its end")
-    submit.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    submit.add_argument(
+        "--interval", type=seconds_argument, default=1.0, help="seconds between polls"
+    )
     submit.set_defaults(handler=_remote(_submit))
     get = actions.add_parser("get", help="show a job")
     get.add_argument("id")
@@ -319,8 +332,10 @@ def add_remote_commands(commands: Any) -> None:
     listing.set_defaults(handler=_remote(_list_jobs))
     wait = actions.add_parser("wait", help="follow a job with a progress bar")
     wait.add_argument("id")
-    wait.add_argument("--interval", type=float, default=1.0)
-    wait.add_argument("--timeout", type=float)
+    wait.add_argument(
+        "--interval", type=seconds_argument, default=1.0, help="seconds between polls"
+    )
+    wait.add_argument("--timeout", type=seconds_argument, help="give up after this many seconds")
     wait.set_defaults(handler=_remote(_wait_job))
     cancel = actions.add_parser("cancel", help="cancel a job")
     cancel.add_argument("id")

@@ -25,6 +25,7 @@ import binascii
 import contextlib
 import datetime
 import email.utils
+import json
 import math
 import os
 import random
@@ -86,7 +87,10 @@ _BY_STATUS: dict[int, type[le.LeadError]] = {
 def _float32_rows(vectors: Any) -> np.ndarray:
     """``vectors`` as a C-contiguous little-endian float32 array of shape (n, d)."""
     try:
-        rows = np.ascontiguousarray(np.asarray(vectors), dtype="<f4")
+        given = np.asarray(vectors)
+        if given.dtype.kind not in "fiu":  # complex lost its imaginary part, with a warning
+            raise TypeError(f"{given.dtype} values are not real numbers")
+        rows = np.ascontiguousarray(given, dtype="<f4")
     except (ValueError, TypeError) as error:  # strings, ragged lists
         raise le.InvalidInputError(
             f"vectors must be a 2-D array of numbers (n, d): {str(error)[:200]}", param="input"
@@ -117,6 +121,73 @@ def _decode_base64(items: list[str]) -> np.ndarray:
     if rows and not rows[0].size:
         raise ValueError("an empty vector")
     return np.stack(rows).astype(np.float32)
+
+
+def _json_body(body: dict[str, Any]) -> bytes:
+    """``body`` as strict JSON (RFC 8259: no NaN or infinity).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first field that holds NaN, an infinity or a value JSON cannot hold.
+    """
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError):
+        pass
+    for key, value in body.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise le.InvalidInputError(
+                f"{key}: NaN and infinities cannot be sent (JSON has no such numbers)", param=key
+            ) from None
+        except (TypeError, RecursionError) as error:
+            raise le.InvalidInputError(
+                f"{key}: cannot be sent as JSON ({error})", param=key
+            ) from None
+    raise le.InvalidInputError("the request cannot be sent as JSON")  # not reached
+
+
+def _check_header(value: str, name: str, param: str) -> str:
+    """A header value the server takes: 1-255 printable ASCII characters, no spaces."""
+    if not isinstance(value, str) or len(value) > 255 or not API_KEY.fullmatch(value):
+        raise le.InvalidInputError(
+            f"{name} must be 1 to 255 printable ASCII characters without spaces, got {value!r:.80}",
+            param=param,
+        )
+    return value
+
+
+def _check_server_url(url: Any) -> str:
+    """An http(s) URL with a host, a port in range, and no query or fragment.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming what is wrong with it.
+    """
+    if not isinstance(url, str):
+        raise le.InvalidInputError(
+            f"the server URL must be a string, got {type(url).__name__}", param="server"
+        )
+    problem = None
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        problem = str(error)
+    else:
+        if parsed.scheme not in ("http", "https"):  # httpx: "unsupported protocol"
+            problem = "it must be an http:// or https:// URL"
+        elif not parsed.host:
+            problem = "it has no host"
+        elif parsed.port is not None and not 0 < parsed.port < 65536:
+            problem = f"port {parsed.port} is not in 1-65535"
+        elif parsed.query or parsed.fragment:
+            problem = "a query or fragment would be lost from every path; drop it"
+    if problem is not None:
+        raise le.InvalidInputError(f"the server URL {url!r:.200}: {problem}", param="server")
+    return url
 
 
 def _retry_after(value: str | None) -> int:
@@ -222,6 +293,10 @@ def _path_part(value: str, safe: str = "") -> str:
     where ``safe`` says: stitch ids hold them), and a ``.`` or ``..`` segment encoded too,
     which a URL would otherwise resolve (``delete_dataset("../stitches/x")`` deleted
     stitch ``x``)."""
+    if not isinstance(value, str):
+        raise le.InvalidInputError(
+            f"an id must be a string, got {type(value).__name__}", param="id"
+        )
     if not value.strip("/"):  # the collection's own URL (or a redirect to it) otherwise
         raise le.InvalidInputError(f"an id cannot be empty, got {value!r}", param="id")
     parts = quote(value, safe=safe).split("/")
@@ -258,14 +333,15 @@ class LeadClient:
         http: httpx.Client | None = None,
     ) -> None:
         url = base_url or os.environ.get("LEAD_SERVER_URL") or DEFAULT_SERVER_URL
-        if http is None and not url.lower().startswith(("http://", "https://")):
-            raise le.InvalidInputError(  # httpx: "unsupported protocol 'localhost://'"
-                f"the server must be an http:// or https:// URL, got {url!r:.200}",
-                param="server",
-            )
+        if http is None:
+            _check_server_url(url)
         if timeout is not None:  # None: no timeout (httpx's meaning)
             timeout = check_float_option(timeout, "timeout", minimum=0.0, inclusive=False)
         key = api_key if api_key is not None else os.environ.get("LEAD_API_KEY")
+        if key is not None and not isinstance(key, str):
+            raise le.InvalidInputError(
+                f"the API key must be a string, got {type(key).__name__}", param="api_key"
+            )
         if key and not API_KEY.fullmatch(key):  # httpx raised UnicodeEncodeError, or sent it
             raise le.InvalidInputError(
                 "the API key must be printable ASCII without spaces (as LEAD_API_KEYS holds it)",
@@ -315,6 +391,9 @@ class LeadClient:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {**self._headers, **kwargs.pop("headers", {})}
+        if "json" in kwargs:  # strict: httpx's ValueError / TypeError named no field
+            kwargs["content"] = _json_body(kwargs.pop("json"))
+            headers["Content-Type"] = "application/json"
         response = self._send(method, path, headers=headers, **kwargs)
         if response.is_error:
             raise _error_from(response)
@@ -344,13 +423,27 @@ class LeadClient:
         dict
             The dataset: ``id``, ``pairs``, ``source_dim``, ``target_dim``, ...
         """
+        if name is not None and not isinstance(name, str):
+            raise le.InvalidInputError(
+                f"name must be a string, got {type(name).__name__}", param="name"
+            )
         kwargs: dict[str, Any] = {
             "headers": {"Content-Type": "application/octet-stream"},
             "params": {"name": name} if name else None,
         }
         if isinstance(file, bytes):
             return dict(self._request("POST", "/v1/datasets", content=file, **kwargs))
-        with open(file, "rb") as handle:
+        if not isinstance(file, str | Path):  # open(0) reads stdin: an int is no file here
+            raise le.InvalidInputError(
+                f"file must be a path or bytes, got {type(file).__name__}", param="file"
+            )
+        try:
+            handle = open(file, "rb")  # noqa: SIM115 (closed below, after the request)
+        except OSError as error:
+            raise le.InvalidInputError(
+                f"cannot read {file}: {error.strerror or error}", param="file"
+            ) from None
+        with handle:
             return dict(self._request("POST", "/v1/datasets", content=handle, **kwargs))
 
     def upload_pairs(
@@ -373,10 +466,18 @@ class LeadClient:
 
         tensors = {"source": source, "target": target, **extra}
         models = {"source_model": source_model, "target_model": target_model}
-        data = save(
-            {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
-            metadata={k: v for k, v in models.items() if v is not None} or None,
-        )
+        for key, model in models.items():
+            if model is not None and not isinstance(model, str):
+                raise le.InvalidInputError(
+                    f"{key} must be a string, got {type(model).__name__}", param=key
+                )
+        arrays = {}
+        for key, value in tensors.items():
+            try:
+                arrays[key] = np.array(_float32_rows(value), dtype=np.float32)
+            except le.LeadError as error:
+                raise type(error)(f"{key}: {error.message}", param=key) from None
+        data = save(arrays, metadata={k: v for k, v in models.items() if v is not None} or None)
         return self.upload_dataset(data, name=name)
 
     def list_datasets(self, *, limit: int = 20, after: str | None = None) -> dict[str, Any]:
@@ -437,7 +538,10 @@ class LeadClient:
             body["stitch_id"] = stitch_id
         if allow_below_baseline:
             body["allow_below_baseline"] = True
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        headers = {}
+        if idempotency_key is not None:
+            key = _check_header(idempotency_key, "the Idempotency-Key", "idempotency_key")
+            headers["Idempotency-Key"] = key
         return dict(self._request("POST", "/v1/jobs", json=body, headers=headers))
 
     def get_job(self, job_id: str) -> dict[str, Any]:
@@ -469,7 +573,15 @@ class LeadClient:
         ------
         TimeoutError
             If ``timeout`` seconds pass first.
+        InvalidInputError
+            A ``poll_interval`` or ``timeout`` that is not a finite number >= 0, or an
+            ``on_update`` that cannot be called.
         """
+        poll_interval = check_float_option(poll_interval, "poll_interval", minimum=0.0)
+        if timeout is not None:
+            timeout = check_float_option(timeout, "timeout", minimum=0.0)
+        if on_update is not None and not callable(on_update):
+            raise le.InvalidInputError("on_update must be callable", param="on_update")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.get_job(job_id)
@@ -530,6 +642,10 @@ class LeadClient:
         StitchNotFoundError
             If the server has no such stitch, or no files for it.
         """
+        if not isinstance(folder, str | Path):
+            raise le.InvalidInputError(
+                f"folder must be a path, got {type(folder).__name__}", param="folder"
+            )
         folder = Path(folder)
         if is_occupied(folder) and not (force and is_replaceable(folder)):
             hint = "; pass force=True (--force) to replace the stitch in it" if not force else ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -479,3 +480,83 @@ def test_cli_unreachable_server_names_the_url_it_tried(
     monkeypatch.setenv("LEAD_SERVER_URL", "http://127.0.0.1:2")
     assert main(["jobs", "list"]) == 2
     assert "http://127.0.0.1:2 (LEAD_SERVER_URL)" in capsys.readouterr().err
+
+
+def test_bad_arguments_are_lead_errors_before_anything_is_sent(
+    lead: LeadClient, trained: dict[str, Any], scifact_small: Any, tmp_path: Path
+) -> None:
+    """Each raised a raw ValueError, TypeError, AttributeError, OSError, httpx.InvalidURL or
+    UnicodeEncodeError (an adversarial pass); ``upload_dataset(0)`` read stdin."""
+    X, Y = scifact_small.corpus["minilm"][:8], scifact_small.corpus["pml3"][:8]
+    dataset = trained["dataset"]["id"]
+    jobs_before = lead.list_jobs(limit=100)["data"]
+    calls: list[tuple[Any, type[Exception], str]] = [
+        (lambda: lead.align(source=X, target=Y, folds=math.nan), InvalidInputError,
+         "folds: NaN and infinities cannot be sent"),
+        (lambda: lead.align(source=X, target=Y, seed=object()), InvalidInputError,
+         "seed: cannot be sent as JSON"),
+        (lambda: lead.submit_job(MINILM, MPNET, dataset=dataset, holdout_fraction=math.inf),
+         InvalidInputError, "holdout_fraction: NaN and infinities"),
+        (lambda: lead.submit_job(MINILM, MPNET, dataset=dataset, options={"alpha": math.nan}),
+         InvalidInputError, "options: NaN and infinities"),
+        (lambda: lead.submit_job(MINILM, MPNET, dataset=dataset, idempotency_key="é"),
+         InvalidInputError, "Idempotency-Key must be 1 to 255 printable ASCII"),
+        (lambda: lead.submit_job(MINILM, MPNET, dataset=dataset, idempotency_key="a\nb"),
+         InvalidInputError, "Idempotency-Key must be"),
+        (lambda: lead.upload_dataset(tmp_path / "missing.safetensors"), InvalidInputError,
+         "cannot read .*missing.safetensors: No such file"),
+        (lambda: lead.upload_dataset(tmp_path), InvalidInputError, "cannot read"),
+        (lambda: lead.upload_dataset(0), InvalidInputError, "file must be a path or bytes"),
+        (lambda: lead.upload_dataset(None), InvalidInputError, "file must be a path or bytes"),
+        (lambda: lead.upload_pairs([["a"]], [["b"]]), InvalidInputError, "source: vectors"),
+        (lambda: lead.upload_pairs(X, Y, source_model=5), InvalidInputError,
+         "source_model must be a string"),
+        (lambda: lead.upload_pairs(X.astype(complex), Y), InvalidInputError,
+         "complex128 values are not real numbers"),
+        (lambda: lead.get_dataset(None), InvalidInputError, "an id must be a string"),
+        (lambda: lead.get_job(5), InvalidInputError, "an id must be a string"),
+        (lambda: lead.wait_job(trained["job"]["id"], poll_interval=-1), InvalidInputError,
+         "poll_interval must be"),
+        (lambda: lead.wait_job(trained["job"]["id"], timeout=math.nan), InvalidInputError,
+         "timeout must be"),
+        (lambda: lead.wait_job(trained["job"]["id"], on_update=5), InvalidInputError,
+         "on_update must be callable"),
+        (lambda: lead.download_stitch("x", None), InvalidInputError, "folder must be a path"),
+        (lambda: LeadClient(8179), InvalidInputError, "server URL must be a string"),
+        (lambda: LeadClient("http://[::1"), InvalidInputError, "the server URL 'http://\\[::1'"),
+        (lambda: LeadClient("http://127.0.0.1:99999"), InvalidInputError,
+         "port 99999 is not in 1-65535"),
+        (lambda: LeadClient("http://127.0.0.1:8000?x=1"), InvalidInputError,
+         "a query or fragment"),
+        (lambda: LeadClient("http://"), InvalidInputError, "it has no host"),
+        (lambda: LeadClient("ftp://host"), InvalidInputError, "http:// or https://"),
+        (lambda: LeadClient("http://h", api_key=5), InvalidInputError, "API key must be a str"),
+    ]  # fmt: skip
+    for call, error, message in calls:
+        with pytest.raises(error, match=message):
+            call()
+    assert lead.list_jobs(limit=100)["data"] == jobs_before  # nothing was submitted
+    assert lead.get_job(trained["job"]["id"])["status"] == "succeeded"  # the next call works
+
+
+def test_cli_refuses_bad_durations_and_both_data_sources(
+    cli: Any, pairs_file: Path, trained: dict[str, Any]
+) -> None:
+    dataset = trained["dataset"]["id"]
+    submit = ["jobs", "submit", "--dataset", dataset, "--source-model", MINILM,
+              "--target-model", MPNET]  # fmt: skip
+    job = trained["job"]["id"]
+    for argv, message in [
+        ([*submit, "--holdout", "nan"], "--holdout: must be in [0, 1), got 'nan'"),
+        ([*submit, "--holdout", "1"], "--holdout: must be in [0, 1)"),
+        ([*submit, "--wait", "--interval", "-1"], "--interval: must be a finite number >= 0"),
+        (["jobs", "wait", job, "--interval", "nan"], "--interval: must be a finite number"),
+        (["jobs", "wait", job, "--timeout", "-1"], "--timeout: must be a finite number >= 0"),
+    ]:
+        status, _, err = cli(*argv)
+        assert status == 2 and message in err, err
+    status, _, err = cli(*submit, "--source", str(pairs_file), "--target", str(pairs_file))
+    assert status == 2 and "give --dataset, or --source and --target files, not both" in err
+    status, _, err = cli(*submit, "--idempotency-key", "é")
+    assert status == 2 and err.startswith("error: the Idempotency-Key must be"), err
+    assert "Traceback" not in err

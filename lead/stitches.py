@@ -402,22 +402,42 @@ class Stitch(nn.Module):
         Parameters
         ----------
         x : Tensor of shape (n, d_src)
-            Source-model vectors, any floating dtype, on the stitch's device.
+            Source-model vectors on the stitch's device, in its dtype or a narrower
+            floating one (float16 and bfloat16 are promoted). Not checked for NaN or
+            infinity, which :func:`lead.apply_stitch` refuses.
 
         Returns
         -------
         Tensor of shape (n, d_tgt)
-            Target-space vectors in ``x``'s dtype; unit rows when ``normalize_output``.
+            Target-space vectors in the stitch's dtype; unit rows when ``normalize_output``.
 
         Raises
         ------
         ShapeMismatchError
             If ``x`` is not two-dimensional with ``d_src`` columns.
+        InvalidInputError
+            If ``x`` is not a tensor, not floating, or wider than the stitch's dtype
+            (float64 into a float32 stitch).
         """
         self._check_input(x)
         return self._output(self._map(x - self.source_mean))
 
     def _check_input(self, x: Tensor) -> None:
+        if not isinstance(x, Tensor):  # numpy's "unsupported operand type(s) for -"
+            raise InvalidInputError(
+                f"the forward takes a torch.Tensor, got {type(x).__name__}; "
+                "lead.apply_stitch takes arrays (and checks them)",
+                param="x",
+            )
+        wider = torch.promote_types(x.dtype, self.source_mean.dtype)
+        if not x.is_floating_point() or wider != self.source_mean.dtype:
+            # torch's "expected m1 and m2 to have the same dtype" from deep in the map
+            raise InvalidInputError(
+                f"the input is {x.dtype} but the stitch computes in "
+                f"{self.source_mean.dtype}: cast it (x.to({self.source_mean.dtype})), or "
+                "call lead.apply_stitch, which does",
+                param="x",
+            )
         if x.ndim != 2 or x.shape[1] != self.d_src:
             raise ShapeMismatchError(
                 f"expected input of shape (n, {self.d_src}), got {tuple(x.shape)}",

@@ -78,6 +78,29 @@ def test_forward_rejects_wrong_input_dimension() -> None:
         AffineStitch(4, 2)(torch.randn(4))
 
 
+def test_forward_names_inputs_it_cannot_take_and_promotes_narrower_ones() -> None:
+    """A NumPy array and a float64 tensor raised torch's TypeError / RuntimeError from deep
+    in the map (an adversarial pass, on the bundled gated stitch)."""
+    from lead.errors import InvalidInputError
+
+    for cls in (AffineStitch, MLPStitch):
+        stitch = cls(4, 2)
+        _randomise(stitch)
+        x = torch.randn(3, 4)
+        for bad, message in [
+            (x.numpy(), "takes a torch.Tensor, got ndarray; lead.apply_stitch takes arrays"),
+            (x.double(), "the input is torch.float64 but the stitch computes in torch.float32"),
+            (x.round().int(), "the input is torch.int32"),
+        ]:
+            with pytest.raises(InvalidInputError, match=message):
+                stitch(bad)
+        for narrow in (x.half(), x.bfloat16()):
+            y = stitch(narrow)
+            assert y.dtype == torch.float32 and y.shape == (3, 2)
+            torch.testing.assert_close(y, stitch(narrow.float()), rtol=0, atol=0)
+        assert stitch.double()(x.double()).dtype == torch.float64
+
+
 @pytest.mark.parametrize(("d_src", "d_tgt"), [(0, 3), (3, 0)])
 def test_dimensions_must_be_positive(d_src: int, d_tgt: int) -> None:
     with pytest.raises(ShapeMismatchError):

@@ -24,6 +24,11 @@ def _offline_env() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or env in {"1", "ON", "YES", "TRUE"}
 
 
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line (huggingface_hub's span several)."""
+    return " ".join(str(error).split())
+
+
 def download_snapshot(
     repo_id: str, revision: str | None, files: Sequence[str], *, token: str | None = None
 ) -> Path:
@@ -44,7 +49,7 @@ def download_snapshot(
             token=token,
         )
     except errors.GatedRepoError as error:
-        raise HubError(f"no access to gated Hub repo {where}: {error}") from None
+        raise HubError(f"no access to gated Hub repo {where}: {_one_line(error)}") from None
     except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError):
         raise StitchNotFoundError(f"no stitch on the Hub at {where}", param="stitch") from None
     except errors.LocalEntryNotFoundError as error:
@@ -53,13 +58,13 @@ def download_snapshot(
                 f"stitch {where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set",
                 param="stitch",
             ) from None
-        raise HubError(f"cannot download {where} from the Hub: {error}") from None
+        raise HubError(f"cannot download {where} from the Hub: {_one_line(error)}") from None
     except errors.HFValidationError as error:
         raise StitchNotFoundError(
-            f"{repo_id!r} is not a stitch folder or Hub id: {error}"
+            f"{repo_id!r} is not a stitch folder or Hub id: {_one_line(error)}"
         ) from None
     except (errors.HfHubHTTPError, OSError, ValueError) as error:
-        raise HubError(f"cannot download {where} from the Hub: {error}") from None
+        raise HubError(f"cannot download {where} from the Hub: {_one_line(error)}") from None
     return Path(path)
 
 
@@ -83,5 +88,5 @@ def upload_folder(
             commit_message="Upload LEAD stitch",
         )
     except (errors.HfHubHTTPError, OSError, ValueError) as error:
-        raise HubError(f"cannot upload {folder} to {repo_id}: {error}") from None
+        raise HubError(f"cannot upload {folder} to {repo_id}: {_one_line(error)}") from None
     return f"{repo_id}@{commit.oid}"

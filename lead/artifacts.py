@@ -599,7 +599,12 @@ def stitch_folder(folder_or_repo_id: str | Path, revision: str | None = None) ->
     bundled = BUNDLED_MODELS_DIR / spec
     if "/" not in spec and spec not in (".", "..") and (bundled / CONFIG_FILE).is_file():
         return bundled
-    repo_id, _, pinned = spec.partition("@")
+    repo_id, at, pinned = spec.partition("@")
+    if at and not pinned.strip():  # "org/name@" downloaded main
+        raise InvalidInputError(
+            f"{spec!r} names no revision after '@': give org/name or org/name@REVISION",
+            param="stitch",
+        )
     if not _REPO_ID.match(repo_id) or (folder.exists() and not pinned):
         raise StitchNotFoundError(
             f"no stitch folder, bundled stitch or Hub repo {spec!r}{_bundled_hint()}",

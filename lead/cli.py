@@ -458,6 +458,11 @@ def _check_stitch_dims(stitch: Any, args: argparse.Namespace, d_src: int, d_tgt:
 def _score_command(args: argparse.Namespace) -> int:
     from lead.artifacts import load_stitch
 
+    if args.all and (args.holdout is not None or args.holdout_from is not None):
+        # each was ignored, and the scorecard read as that split's
+        raise InvalidInputError(
+            "--all scores every row: drop --holdout and --holdout-from", param="all"
+        )
     stitch = load_stitch(args.stitch, device=args.device)
     reverse = None if args.reverse is None else load_stitch(args.reverse, device=args.device)
     xs, ys = _load_pairs(args.source, args.target)
@@ -467,7 +472,8 @@ def _score_command(args: argparse.Namespace) -> int:
         mean = stitch.target_mean.detach().cpu().double().numpy()
         scorecard = _score(stitch, X, Y, mean, reverse)
     else:
-        train, test = _split_rows([len(x) for x in xs], args.holdout, args.seed, args.holdout_from)
+        holdout = 0.2 if args.holdout is None else args.holdout
+        train, test = _split_rows([len(x) for x in xs], holdout, args.seed, args.holdout_from)
         if not len(test):
             raise InvalidInputError("--holdout must be in (0, 1), or use --all", param="holdout")
         scorecard = _score(stitch, X[test], Y[test], Y[train].mean(axis=0), reverse)
@@ -507,6 +513,12 @@ def _translate(args: argparse.Namespace) -> int:
     ):  # else one file would silently replace the other
         raise InvalidInputError(
             "--confidence-output must be another file than --output", param="confidence_output"
+        )
+    if args.confidence_output is not None and (
+        Path(args.confidence_output).resolve() == parse_spec(args.input)[0].resolve()
+    ):  # with --force it replaced the vectors with their confidences
+        raise InvalidInputError(
+            "--confidence-output must be another file than --input", param="confidence_output"
         )
     # the same bytes as the service answers, whatever --batch-size (batch-invariant)
     translator = LocalTranslator(args.stitch, inverse=args.inverse, device=args.device)
@@ -731,6 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("stitch", help=STITCH_ARGUMENT_HELP)
     _add_pair_arguments(score)
     score.add_argument("--all", action="store_true", help="score on every row (no split)")
+    score.set_defaults(holdout=None)  # None: not given (0.2), which --all needs
     score.add_argument(
         "--reverse",
         metavar="STITCH",

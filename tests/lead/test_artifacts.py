@@ -486,6 +486,10 @@ def test_a_misspelt_folder_path_is_named_as_a_folder_not_a_hub_error(
 def test_revision_must_agree_with_the_id(offline_cache: Path) -> None:
     with pytest.raises(InvalidInputError, match="disagrees"):
         load_stitch("lead-org/toy-stitch@v1", revision="main")
+    # "org/name@" downloaded main (an adversarial pass)
+    for spec in ("lead-org/toy-stitch@", "lead-org/toy-stitch@ "):
+        with pytest.raises(InvalidInputError, match="names no revision after '@'"):
+            load_stitch(spec)
 
 
 def test_not_a_folder_nor_a_repo_id(tmp_path: Path) -> None:
@@ -514,11 +518,13 @@ def test_hub_failures_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
     def unreachable(*args: Any, **kwargs: Any) -> str:
-        raise hf_errors.LocalEntryNotFoundError("connection refused")
+        # huggingface_hub's own message spans lines; the CLI prints one
+        raise hf_errors.LocalEntryNotFoundError("connection refused\nAn error happened")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    with pytest.raises(HubError, match="connection refused"):
+    with pytest.raises(HubError, match="connection refused An error happened") as caught:
         load_stitch("lead-org/toy-stitch")
+    assert "\n" not in caught.value.message
 
 
 def test_push_stitch_uploads_the_three_files(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -273,6 +273,19 @@ def test_translate_and_score_errors_exit_2(
             err = capsys.readouterr().err
             assert err.startswith(f"error: {message}") and "Traceback" not in err, err
     assert not (tmp_path / "d.npy").exists()
+    # --all with a split: the split was ignored (an adversarial pass)
+    for extra in (["--holdout", "0.5"], ["--holdout-from", "1"]):
+        assert main([*score, "--all", *extra]) == 2
+        assert "--all scores every row: drop --holdout" in capsys.readouterr().err
+    # --confidence-output naming the input: with --force it replaced the vectors
+    vectors = tmp_path / "vectors.npy"
+    np.save(vectors, load_file(DATA)["minilm_queries"])
+    kept = vectors.read_bytes()
+    conf = ["translate", str(out), "--input", str(vectors), "--output", str(tmp_path / "t.npy"),
+            "--confidence-output", str(vectors), "--force"]  # fmt: skip
+    assert main(conf) == 2
+    assert "--confidence-output must be another file than --input" in capsys.readouterr().err
+    assert vectors.read_bytes() == kept and not (tmp_path / "t.npy").exists()
 
 
 def test_score_names_the_files_the_stitch_does_not_fit(

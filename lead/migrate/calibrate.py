@@ -44,6 +44,7 @@ from lead.migrate.quality import (
     retrieval_against_bound,
 )
 from lead.migrate.registry import open_source
+from lead.migrate.stores import source_identity
 from lead.scorecard import CORE_METRICS, RetrievalData, score_stitch
 from lead.splits import MIN_SPLIT_SIDE, holdout_split
 from lead.stitches import StitchInfo
@@ -193,7 +194,7 @@ def run_calibrate(
         stitch folder; no query with a judged held-out document; both or neither of
         ``native`` and ``embed_model``; sentence-transformers not installed (``pip install
         'lead-stitch[embed]'``), a model it cannot load, a text that is NULL or a source
-        without text.
+        without text; ``native`` the source store itself.
     ConflictError
         ``out`` (or ``save_native``) is not empty and ``force`` is false (checked before any
         work).
@@ -221,6 +222,13 @@ def run_calibrate(
         src = stack.enter_context(open_source(source))
         if native is not None:
             nat = stack.enter_context(open_source(native))
+            if source_identity(nat.info.uri) == source_identity(src.info.uri):
+                # it fitted a map of the old model into itself, and passed every gate
+                raise InvalidInputError(
+                    f"the native store {nat.info.uri} is the source store: give the new "
+                    "model's vectors of the same ids (another column, table or file)",
+                    param="native",
+                )
             paired = paired_sample([src, nat], names, sample, seed, minimum=fewest, include=include)
             uris: dict[str, Any] = {"source": src.info.uri, "native": nat.info.uri}
         else:

@@ -158,6 +158,10 @@ def test_bad_arguments_are_refused_before_any_work(minilm_table, scifact_small, 
     assert (taken / "notes.txt").read_text() == "mine"
     with pytest.raises(InvalidInputError, match="unknown threshold"):
         run_calibrate(minilm_table, native, tmp_path / "s", thresholds={"min_ndcg": 0.5})
+    # the source as its own native store: a map of the old model into itself passed
+    with pytest.raises(InvalidInputError, match="is the source store"):
+        run_calibrate(minilm_table, minilm_table, tmp_path / "s")
+    assert not (tmp_path / "s").exists()
     with pytest.raises(InvalidInputError, match="unknown method"):
         run_calibrate(minilm_table, native, tmp_path / "s", method="magic")
     with pytest.raises(InvalidInputError, match="sample"):

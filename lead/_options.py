@@ -11,7 +11,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,6 +116,17 @@ def seed_argument(text: str) -> int:
     return seed
 
 
+def _float_argument(text: str, what: str, within: Callable[[float], bool], rule: str) -> float:
+    """``text`` as a finite float that ``within`` accepts, for an argparse ``type``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not (math.isfinite(value) and within(value)):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+    return value
+
+
 def seconds_argument(text: str) -> float:
     """The ``type`` of a command line's durations (``--interval``, ``--timeout``): a finite
     number of seconds >= 0 (``-1`` reached ``time.sleep`` with a traceback after the job
@@ -126,13 +137,7 @@ def seconds_argument(text: str) -> float:
     argparse.ArgumentTypeError
         Shown by argparse as a usage error.
     """
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return seconds
+    return _float_argument(text, "a number of seconds", lambda v: v >= 0, "a finite number >= 0")
 
 
 def fraction_argument(text: str) -> float:
@@ -143,13 +148,7 @@ def fraction_argument(text: str) -> float:
     argparse.ArgumentTypeError
         Shown by argparse as a usage error.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (math.isfinite(value) and 0 <= value < 1):
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
-    return value
+    return _float_argument(text, "a number", lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 def _shown(value: Any) -> Any:

@@ -158,6 +158,20 @@ def test_a_job_cut_short_by_a_crash_is_started_again(tmp_path: Path, scifact_sma
         second.__exit__(None, None, None)
 
 
+def _train_a_stitch(data_dir: Path, sf: Any) -> None:
+    """Serve stitch ``trained`` (60 SciFact pairs, MiniLM -> mpnet) from a server that then
+    stops, its job store and stitches left in ``data_dir``."""
+    pairs = {"source_model": MINILM, "target_model": MPNET, "stitch_id": "trained",
+             "source": b64(sf.corpus["minilm"][:60]), "target": b64(sf.corpus["mpnet"][:60]),
+             "allow_below_baseline": True}  # fmt: skip
+    client = make_jobs_client(data_dir)
+    try:
+        r = client.post("/v1/jobs", json=pairs)
+        assert wait_job(client, r.json()["id"])["status"] == "succeeded"
+    finally:
+        client.__exit__(None, None, None)
+
+
 def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
     tmp_path: Path, scifact_small: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,16 +181,8 @@ def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
     import lead.artifacts
 
     sf = scifact_small
-    pairs = {"source_model": MINILM, "target_model": MPNET, "stitch_id": "trained",
-             "source": b64(sf.corpus["minilm"][:60]), "target": b64(sf.corpus["mpnet"][:60]),
-             "allow_below_baseline": True}  # fmt: skip
+    _train_a_stitch(tmp_path / "data", sf)
     x = {"stitch": "trained", "input": b64(sf.queries["minilm"][:2])}
-    client = make_jobs_client(tmp_path / "data")
-    try:
-        r = client.post("/v1/jobs", json=pairs)
-        assert wait_job(client, r.json()["id"])["status"] == "succeeded"
-    finally:
-        client.__exit__(None, None, None)
     load = lead.artifacts.load_stitch
 
     def busy(*args: Any, **kwargs: Any) -> Any:
@@ -212,15 +218,7 @@ def test_readyz_waits_for_the_job_stitches_served_before_a_restart(
     far longer than the test, so only a pass right after the configured stitches load
     serves it in time."""
     sf = scifact_small
-    pairs = {"source_model": MINILM, "target_model": MPNET, "stitch_id": "trained",
-             "source": b64(sf.corpus["minilm"][:60]), "target": b64(sf.corpus["mpnet"][:60]),
-             "allow_below_baseline": True}  # fmt: skip
-    client = make_jobs_client(tmp_path / "data")
-    try:
-        r = client.post("/v1/jobs", json=pairs)
-        assert wait_job(client, r.json()["id"])["status"] == "succeeded"
-    finally:
-        client.__exit__(None, None, None)
+    _train_a_stitch(tmp_path / "data", sf)
     bundled = str(REPO / "models" / "minilm-to-mpnet")
     restarted = make_jobs_client(
         tmp_path / "data", stitches=[bundled], load_in_background=True, stitch_poll_seconds=60

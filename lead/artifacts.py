@@ -46,6 +46,7 @@ __all__ = [
     "BUNDLED_MODELS_DIR",
     "FORMAT",
     "FORMAT_VERSION",
+    "check_replaceable",
     "check_storable",
     "is_occupied",
     "is_replaceable",
@@ -157,6 +158,23 @@ def is_replaceable(folder: Path) -> bool:
         return False
 
 
+def check_replaceable(folder: Path) -> None:
+    """Refuse to replace ``folder`` unless it is absent or a stitch folder.
+
+    Raises
+    ------
+    InvalidInputError
+        If ``folder`` exists and is not a stitch folder holding only the artifact files
+        (replacing it would delete everything in it).
+    """
+    if folder.exists() and not is_replaceable(folder):
+        raise InvalidInputError(
+            f"refusing to replace {folder}: it is not a stitch folder holding only "
+            f"{', '.join(ARTIFACT_FILES)} (replacing it deletes everything in it)",
+            param="folder",
+        )
+
+
 def save_stitch(
     stitch: Stitch, folder: str | Path, *, dtype: str = "float32", overwrite: bool = True
 ) -> Path:
@@ -205,12 +223,7 @@ def save_stitch(
     folder = Path(folder)
     if not overwrite and is_occupied(folder):
         raise _exists(folder)
-    if folder.exists() and not is_replaceable(folder):
-        raise InvalidInputError(
-            f"refusing to replace {folder}: it is not a stitch folder holding only "
-            f"{', '.join(ARTIFACT_FILES)} (replacing it deletes everything in it)",
-            param="folder",
-        )
+    check_replaceable(folder)
     if dtype not in STORAGE_DTYPES:
         raise InvalidInputError(
             f"dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}", param="dtype"

@@ -284,8 +284,13 @@ def _row_weights(weights: list[float] | None, sizes: Sequence[int]) -> np.ndarra
 def _check_out(args: argparse.Namespace) -> None:
     """Refuse an ``--out`` folder that exists and is not empty, unless ``--force`` (before
     any fitting; :func:`lead.artifacts.save_stitch` checks again when it renames)."""
+    from lead.artifacts import check_replaceable
+
     out = Path(args.out)
-    if args.force or not out.exists():
+    if args.force:  # a plain file or another folder was refused after the whole fit
+        check_replaceable(out)
+        return
+    if not out.exists():
         return
     if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
         return

@@ -328,6 +328,19 @@ def test_fit_refuses_to_replace_a_stitch_unless_forced(
     assert "pass --force" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()  # an empty folder is fine without --force
     assert main(_fit_args(tmp_path / "empty", "--method", "procrustes")) == 0
+    # --force on a plain file or a folder of other files: refused before the fit (the
+    # whole fit ran first, then the save refused; an adversarial pass)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "data.csv").write_text("mine")
+    for occupied in ("notes.txt", "work"):
+        # a --holdout-from past the files would be refused once they are read: the --out
+        # refusal comes first, before any file is read
+        args = _fit_args(tmp_path / occupied, "--force", "--holdout-from", "9")
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"refusing to replace {tmp_path / occupied}: it is not a stitch folder" in err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_usage_errors_and_help(capsys: pytest.CaptureFixture[str]) -> None:

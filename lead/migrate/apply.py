@@ -100,6 +100,9 @@ def check_dims(source: Source, translator: Translator, column: str) -> None:
         Naming the source column and the stitch.
     """
     ref = translator.ref
+    info = source.info
+    if info.dim == 0 and info.rows == (info.null_rows or 0):
+        return  # no vector to tell the dimension (an empty Parquet file): nothing to translate
     if source.info.dim != ref.d_in:
         raise ShapeMismatchError(
             f"{column} of {source.info.uri} has dimension {source.info.dim}, but stitch "

@@ -408,6 +408,22 @@ def test_a_damaged_part_is_named(tmp_path, scifact_small, minilm_to_mpnet):
         _apply(source, target, minilm_to_mpnet, batch_size=20)
 
 
+def test_an_empty_source_migrates_to_an_empty_finished_target(tmp_path, minilm_to_mpnet):
+    """An empty Parquet file was refused as "dimension 0" (its list column tells no
+    dimension), while an empty .npy finished: both finish now."""
+    empty = np.zeros((0, 384), dtype=np.float32)
+    np.save(tmp_path / "empty.npy", empty)
+    lists = pa.array([], pa.list_(pa.float32()))  # a list column: no fixed dimension
+    table = pa.table({"id": pa.array([], pa.int64()), "emb": lists})
+    pq.write_table(table, tmp_path / "empty.parquet")
+    parquet = f"{tmp_path / 'empty.parquet'}?column=emb"
+    for name, source in (("npy", str(tmp_path / "empty.npy")), ("parquet", parquet)):
+        result = _apply(source, tmp_path / name, minilm_to_mpnet)
+        assert (result.rows_written, result.rows_total) == (0, 0), name
+        assert (tmp_path / name / "_SUCCESS").is_file()
+        assert _apply(source, tmp_path / name, minilm_to_mpnet).already_done
+
+
 def test_a_zero_vector_mid_run_stops_and_says_what_next(tmp_path, scifact_small, minilm_to_mpnet):
     X = scifact_small.corpus["minilm"][:100].copy()
     broken = X.copy()

@@ -320,8 +320,9 @@ class LeadClient:
     Raises
     ------
     InvalidInputError
-        A server URL that is not http:// or https://, a timeout that is not a positive
-        number, or an API key that is not printable ASCII without spaces.
+        A server URL that is not an http:// or https:// URL with a host (a port in
+        1-65535, no query or fragment), a timeout that is not a positive number, or an API
+        key that is not a string of printable ASCII without spaces.
     """
 
     def __init__(

@@ -475,7 +475,7 @@ class LeadClient:
         arrays = {}
         for key, value in tensors.items():
             try:
-                arrays[key] = np.array(_float32_rows(value), dtype=np.float32)
+                arrays[key] = np.asarray(_float32_rows(value), dtype=np.float32)  # no copy
             except le.LeadError as error:
                 raise type(error)(f"{key}: {error.message}", param=key) from None
         data = save(arrays, metadata={k: v for k, v in models.items() if v is not None} or None)

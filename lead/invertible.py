@@ -234,9 +234,9 @@ def _set_linear(
         _, Sx_inv = _root_pair(Xc.T @ Xc / n, reg)
         Sy, Sy_inv = _root_pair(Yc.T @ Yc / n, reg)
         U, rho, Vh = _svd(Sx_inv @ (Xc.T @ Yc / n) @ Sy_inv, full_matrices=False)
+    except FitError:  # from _svd: says what helps
+        raise
     except RuntimeError as error:  # torch.linalg.LinAlgError
-        if isinstance(error, FitError):  # from _svd: says what helps
-            raise
         raise FitError(f"canonical correlation start failed: {error}") from None
     gains = _balanced_gains(rho.clamp(0.0, 1.0), config.inverse_weight)
     W = _square_start(Sy @ Vh.T @ torch.diag(gains) @ U.T @ Sx_inv, config.min_singular_ratio)

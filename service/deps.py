@@ -216,15 +216,20 @@ def _refuse_non_utf8(query: bytes) -> None:
                 ) from None
 
 
-def _query_error(key: str, value: str, message: str) -> RequestValidationError:
-    error = {"type": "value_error", "loc": ("query", key), "msg": message, "input": value}
+def _field_error(where: str, key: str, value: str, message: str) -> RequestValidationError:
+    """A 422 naming field ``key`` of the ``where`` ("query", "body"), as FastAPI's own
+    validation errors do."""
+    error = {"type": "value_error", "loc": (where, key), "msg": message, "input": value}
     return RequestValidationError([error])
+
+
+def _query_error(key: str, value: str, message: str) -> RequestValidationError:
+    return _field_error("query", key, value, message)
 
 
 def body_error(key: str, value: str, message: str) -> RequestValidationError:
-    """A 422 naming the body (form) field ``key``, as FastAPI's own validation errors do."""
-    error = {"type": "value_error", "loc": ("body", key), "msg": message, "input": value[:100]}
-    return RequestValidationError([error])
+    """A 422 naming the body (form) field ``key`` (its value cut to 100 characters)."""
+    return _field_error("body", key, value[:100], message)
 
 
 async def refuse_repeated_query(request: Request) -> None:

@@ -103,12 +103,12 @@ def check_dims(source: Source, translator: Translator, column: str) -> None:
     info = source.info
     if info.dim == 0 and info.rows == (info.null_rows or 0):
         return  # no vector to tell the dimension (an empty Parquet file): nothing to translate
-    if source.info.dim != ref.d_in:
+    if info.dim != ref.d_in:
         raise ShapeMismatchError(
-            f"{column} of {source.info.uri} has dimension {source.info.dim}, but stitch "
+            f"{column} of {info.uri} has dimension {info.dim}, but stitch "
             f"{ref.name} ({ref.source_model} -> {ref.target_model}) expects {ref.d_in}",
             expected=ref.d_in,
-            got=source.info.dim,
+            got=info.dim,
             param="stitch",
         )
 

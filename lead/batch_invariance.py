@@ -61,6 +61,7 @@ __all__ = [
     "fixed_order_sum",
     "forward_batch_invariant",
     "half_keys",
+    "one_thread",
     "quantized_keys",
     "row_norms",
     "top_k_cosines",
@@ -136,8 +137,11 @@ def forward_batch_invariant(run: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
     -----
     Caller's context applies (``torch.inference_mode()``, the device and dtype of ``x``).
     An empty ``x`` goes through ``run`` unchanged, and so does any ``x`` on the CPU when
-    ``run`` has the attribute :data:`ROW_INVARIANT` set to True.
+    ``run`` has the attribute :data:`ROW_INVARIANT` set to True. A non-contiguous ``x``
+    (a transposed or Fortran-order matrix, a column slice) is copied to row-major order
+    first: the kernels pick their summation order by the memory layout too.
     """
+    x = x.contiguous()
     n = x.shape[0]
     if n == 0 or (x.device.type == "cpu" and getattr(run, ROW_INVARIANT, False)):
         return run(x)
@@ -151,13 +155,13 @@ def forward_batch_invariant(run: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
         ]
         return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
     rows = -(-n // ROW_QUANTUM) * ROW_QUANTUM
-    with _one_thread():
+    with one_thread():
         out = run(_padded(x, rows))
     return out if rows == n else out[:n]
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """Run the block with one intra-op thread (the calling thread's setting, restored).
 
     MKL splits a product's inner dimension between threads when it is long (2,048, the

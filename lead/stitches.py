@@ -10,6 +10,7 @@ Matrices follow ``torch.nn.Linear``: ``weight`` has shape ``(d_tgt, d_src)``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from lead.batch_invariance import (
     fixed_order_sum,
     forward_batch_invariant,
     half_keys,
+    one_thread,
     quantized_keys,
     row_norms,
     top_k_cosines,
@@ -87,6 +89,37 @@ class StitchInfo:
     target_revision: str | None = None
     fit: dict[str, Any] = field(default_factory=dict)
     scorecard: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse what ``config.json`` could not hold or load back (a saved stitch whose
+        model is 5 would only fail at :func:`lead.load_stitch`).
+
+        Raises
+        ------
+        InvalidInputError
+            A model id that is not a non-empty string, a ``*_normalized`` that is not a
+            bool, a revision that is not a string or None, a ``fit`` that is not a dict
+            or a ``scorecard`` that is not a dict or None (``param`` names the field).
+        """
+        text = ("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+        flag = ("true or false", lambda v: isinstance(v, bool))
+        revision = ("a string or None", lambda v: v is None or isinstance(v, str))
+        checks: dict[str, tuple[str, Callable[[Any], bool]]] = {
+            "source_model": text,
+            "target_model": text,
+            "source_normalized": flag,
+            "target_normalized": flag,
+            "source_revision": revision,
+            "target_revision": revision,
+            "fit": ("a dict", lambda v: isinstance(v, dict)),
+            "scorecard": ("a dict or None", lambda v: v is None or isinstance(v, dict)),
+        }
+        for name, (kind, valid) in checks.items():
+            value = getattr(self, name)
+            if not valid(value):
+                raise InvalidInputError(
+                    f"StitchInfo.{name} must be {kind}, got {value!r}"[:300], param=name
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -752,6 +785,16 @@ class LocalStitch(Stitch):
 
     def _correction(self, x_centred: Tensor) -> tuple[Tensor, Tensor]:
         top, index = self._neighbours(x_centred)  # sorted: top[:, 0] is the largest
+        # On the CPU on one thread: with two, the weights of a 1,024-row chunk's first 512
+        # rows came out different in the last bit on a process's first call, 3-4 times in 36
+        # under load (never on one thread; the neighbours themselves were the same). An
+        # adversarial pass saw apply_stitch give other bytes for the same input.
+        with one_thread() if top.device.type == "cpu" else contextlib.nullcontext():
+            return self._weighted(top, index), top
+
+    def _weighted(self, top: Tensor, index: Tensor) -> Tensor:
+        """The softmax-weighted mean of the rows' neighbours' residuals (float32, shape
+        (n, d_tgt)), from their ``k`` highest cosines ``top`` and memory rows ``index``."""
         # the softmax shifted by each row's largest logit (neighbour or sink): no exponential
         # overflows (a sink far above 1) and one is 1, so the total never underflows to 0
         # (a small temperature far from the memory: 0 / 0)
@@ -764,7 +807,7 @@ class LocalStitch(Stitch):
         values = self.values.float()
         neighbours = values.index_select(0, index.flatten()).view(*index.shape, -1)
         weighted = neighbours.mul_(weights.unsqueeze(2))  # (n, k, d_tgt)
-        return fixed_order_sum(weighted, dim=1), top
+        return fixed_order_sum(weighted, dim=1)
 
 
 class ResidualMemory(LocalStitch):

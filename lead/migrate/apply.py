@@ -262,7 +262,9 @@ def _translate(
 
 
 def _after_zero_vector(source: Source) -> str:
-    """What to do once a zero vector stopped a run midway (the rows before it written)."""
+    """What to do once a zero vector stopped a run midway (the rows before it written).
+    The source's check refuses zero vectors before anything is written, so only a source
+    changed during the run gets here."""
     done = "The rows before it are in the target, which is not marked finished: "
     if getattr(source, "fingerprint", None) is not None:  # files: resumed by row position
         return done + "fix or remove that row in the source file, then " + _START_AGAIN
@@ -359,7 +361,7 @@ def run_apply(
     check_go(translator, allow_no_go=allow_no_go)
     check_confidence(translator, target, confidence_column)
     check_dims(source, translator, column)
-    source.check(skip_null=skip_null)
+    source.check(skip_null=skip_null, zero_rows=translator.ref.unit_input)
     spec = migration_spec(
         source,
         translator,

@@ -35,9 +35,11 @@ from lead.migrate.stores import (
     Closing,
     SourceInfo,
     StoreURI,
+    first_zero_row,
     ordered_texts,
     require,
     with_params,
+    zero_row_error,
 )
 
 __all__ = ["ArraySource", "ParquetSource", "open_file_source"]
@@ -65,6 +67,12 @@ def open_file_source(parsed: StoreURI) -> ArraySource | ParquetSource:
     if path.is_dir() or path.suffix.lower() == ".parquet":
         return ParquetSource(path, parsed.params)
     if path.suffix.lower() in (".npy", ".safetensors"):
+        if parsed.params:  # they were ignored
+            raise InvalidInputError(
+                f"{path}: a .npy or .safetensors source takes no parameters, not "
+                f"{', '.join(sorted(parsed.params))} (name a safetensors tensor as FILE:TENSOR)",
+                param="source",
+            )
         return ArraySource(parsed.path)
     raise InvalidInputError(
         f"{parsed.path}: use a Parquet file or folder, a .npy or a .safetensors file",
@@ -95,16 +103,21 @@ class ArraySource(Closing):
             vector_type=self.reader.dtype,
         )
 
-    def check(self, *, skip_null: bool = False) -> None:
-        """Read every row once: NaN, infinity or values beyond float32 are refused.
+    def check(self, *, skip_null: bool = False, zero_rows: bool = False) -> None:
+        """Read every row once: NaN, infinity or values beyond float32 are refused, and
+        with ``zero_rows`` an all-zero row.
 
         Raises
         ------
         NonFiniteError
             Naming the row.
+        ZeroVectorError
+            Naming the row (its id).
         """
-        for _ in self.reader.iter_batches(65536):  # the reader checks each batch
-            pass
+        for start, rows in self.reader.iter_batches(65536):  # the reader checks each batch
+            zero = first_zero_row(rows) if zero_rows else None
+            if zero is not None:
+                raise zero_row_error(start + zero, self.info.uri, "source", start + zero)
 
     def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
         start = int(after or 0)
@@ -299,6 +312,13 @@ def _vectors(column: Any, dim: int | None, ids: np.ndarray, where: str) -> np.nd
             param="column",
         )
     flat = column.flatten()
+    if flat.null_count:  # it would read as NaN, and be named so
+        first = int(np.argmin(np.asarray(flat.is_valid(), dtype=bool))) // max(width, 1)
+        raise InvalidInputError(
+            f"the vector of id {ids[first]} in {where} has a NULL value among its numbers; "
+            "a vector is all numbers (or NULL as a whole, with --skip-null)",
+            param="column",
+        )
     values = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32)
     return values.reshape(len(column), width)
 
@@ -457,16 +477,17 @@ class ParquetSource(Closing):
             vectors[valid] = good
             yield first, ids, vectors, valid
 
-    def check(self, *, skip_null: bool = False) -> None:
+    def check(self, *, skip_null: bool = False, zero_rows: bool = False) -> None:
         """Read every row once: NULL vectors (unless ``skip_null``), NaN / infinity, mixed
-        dimensions and duplicate ids are refused, naming the id.
+        dimensions, duplicate ids and, with ``zero_rows``, all-zero vectors are refused,
+        naming the id.
 
         Raises
         ------
-        InvalidInputError, NonFiniteError, ShapeMismatchError
+        InvalidInputError, NonFiniteError, ShapeMismatchError, ZeroVectorError
         """
         seen: list[np.ndarray] = []
-        for _, ids, vectors, valid in self._slices(0):
+        for first, ids, vectors, valid in self._slices(0):
             seen.append(ids)
             if not valid.all() and not skip_null:
                 raise InvalidInputError(
@@ -481,6 +502,11 @@ class ParquetSource(Closing):
                     "NaN or infinity",
                     param=self.column,
                 )
+            zero = first_zero_row(vectors[valid]) if zero_rows else None
+            if zero is not None:
+                at = int(np.flatnonzero(valid)[zero])
+                where = f"{self.column!r} of {self.path}"
+                raise zero_row_error(ids[at], where, self.column, first + at)
         if self.id_column and seen:
             every = np.concatenate(seen)
             uniq, counts = np.unique(every, return_counts=True)

@@ -24,6 +24,7 @@ float32 / float16 values; https://github.com/pgvector/pgvector).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +47,15 @@ from lead.migrate._pg import (
 )
 from lead.migrate.pgcopy import CopyParser, fetch_copy
 from lead.migrate.pgvector_target import CHECKPOINTS, PARTITIONS, PgVectorTarget
-from lead.migrate.stores import Batch, SourceInfo, StoreURI, ordered_texts, with_params
+from lead.migrate.stores import (
+    Batch,
+    SourceInfo,
+    StoreURI,
+    first_zero_row,
+    ordered_texts,
+    with_params,
+    zero_row_error,
+)
 
 __all__ = ["CHECKPOINTS", "PARTITIONS", "PgVectorSource", "PgVectorTarget"]
 
@@ -138,13 +147,17 @@ class PgVectorSource(PgStore):
         return self.conn.execute(query, params)
 
     @store_errors
-    def check(self, *, skip_null: bool = False) -> None:
-        """Refuse NULL vectors (unless ``skip_null``), NULL or duplicate ids, mixed dimensions.
+    def check(self, *, skip_null: bool = False, zero_rows: bool = False) -> None:
+        """Refuse NULL vectors (unless ``skip_null``), NULL or duplicate ids, mixed
+        dimensions and, with ``zero_rows``, vectors of L2 norm 0 (one query; pgvector
+        itself refuses NaN and infinity).
 
         Raises
         ------
         InvalidInputError
             Naming the first offending id and the column.
+        ZeroVectorError
+            With ``zero_rows``: the first all-zero vector, naming its id.
         """
         if self.info.null_rows and not skip_null:
             (first,) = self._query(
@@ -182,11 +195,39 @@ class PgVectorSource(PgStore):
                     param=self.column,
                 )
 
-    def _select(self, after: Any, limit: int | None = None, until: Any = None) -> Any:
+        if zero_rows:
+            self._check_zero_rows()
+
+    def _check_zero_rows(self) -> None:
+        """Refuse the first vector without a direction: all its values below float32's
+        smallest normal number (:func:`~lead.migrate.stores.first_zero_row`, what the
+        translator refuses). Such a vector's L2 norm is below that number times
+        sqrt(dim): only the rows under that bound (few; pgvector computes the norm) are
+        streamed here and checked exactly. A bound of the smallest normal itself missed
+        vectors of subnormal values (1e-39 in each of 384: norm 2e-38), which stopped a run
+        midway.
+        """
+        from psycopg import sql
+
+        norm = sql.SQL("vector_norm" if self.vector_type == "vector" else "l2_norm")
+        bound = float(np.finfo(np.float32).tiny) * math.sqrt(max(self.info.dim, 1))
+        small = sql.SQL("{norm}({col}) < {bound}").format(
+            norm=norm, col=self._col, bound=sql.Literal(bound)
+        )
+        for batch in self._streamed(4096, None, None, small):
+            zero = first_zero_row(batch.vectors)
+            if zero is not None:
+                raise zero_row_error(batch.ids[zero], self.name, self.column)
+
+    def _select(
+        self, after: Any, limit: int | None = None, until: Any = None, extra: Any = None
+    ) -> Any:
         from psycopg import sql
 
         ident = self._ident_sql()
         where = sql.SQL("{col} IS NOT NULL").format(col=self._col)
+        if extra is not None:  # a further condition (sql.Composable)
+            where = sql.SQL("{} AND {}").format(where, extra)
         if after is not None:
             where = sql.SQL("{} AND {} > {}").format(where, self._id, sql.Literal(after))
         if until is not None:
@@ -209,13 +250,19 @@ class PgVectorSource(PgStore):
         """Rows with a vector in id order, after id ``after`` and up to id ``until`` (None:
         the end); one COPY stream, parsed with NumPy in batches of ``batch_size`` rows.
         Uses its own connection (it runs in the read-ahead thread)."""
+        return self._streamed(batch_size, after, until)
+
+    def _streamed(
+        self, batch_size: int, after: Any, until: Any, extra: Any = None
+    ) -> Iterator[Batch]:
+        """:meth:`batches` of the rows that also meet ``extra`` (sql.Composable, or None)."""
         from psycopg import sql
 
         parser = CopyParser(
             self.info.id_kind == "int", VALUE[self.vector_type], self.info.dim, self.name
         )
         copy_sql = sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(
-            self._select(after, until=until)
+            self._select(after, until=until, extra=extra)
         )
         conn = connect(self.parsed)
         stopped = False

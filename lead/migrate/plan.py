@@ -2,11 +2,11 @@
 
 The row count, dimension, NULL rows and id kind come from the store's metadata (a pgvector
 ``count(*)``, Parquet footers). Problems a migration would refuse (NULL vectors, NaN,
-duplicate ids, a dimension the stitch does not take, and all-zero vectors among the probe
-rows for a stitch fitted on unit-length vectors) are listed rather than raised, so a plan
-always comes back. Zero vectors are found in the probe batch only: the full check does not
-look for them, so ``apply`` may still stop at one further on. Time is estimated from one
-batch read and translated here (at most :data:`PROBE_ROWS` rows), scaled linearly to the
+duplicate ids, a dimension the stitch does not take, and all-zero vectors for a stitch
+fitted on unit-length vectors, those among the probe rows named by id) are listed rather
+than raised, so a plan always comes back; ``apply``'s own check refuses a zero vector
+anywhere in the source before it writes anything. Time is estimated from one batch read
+and translated here (at most :data:`PROBE_ROWS` rows), scaled linearly to the
 table; the write side is assumed to cost what the read side did per byte, scaled by the
 output / input size. It is an estimate from a probe: ``apply``'s progress bar shows the
 real rate.
@@ -23,7 +23,7 @@ import numpy as np
 
 from lead.errors import InvalidInputError, LeadError, ZeroVectorError
 from lead.migrate.apply import check_dims, check_go
-from lead.migrate.stores import Source
+from lead.migrate.stores import Source, zero_rows
 from lead.migrate.translator import Translator, describe
 
 __all__ = ["PROBE_ROWS", "PlanResult", "run_plan"]
@@ -185,16 +185,6 @@ def _timed(translator: Translator, vectors: np.ndarray) -> float:
     return min(rates) * len(vectors)
 
 
-def _zero_rows(vectors: np.ndarray, row: int) -> np.ndarray:
-    """(n,) bool: rows without a direction (all zeros, or only subnormal values) and the
-    row a :class:`~lead.errors.ZeroVectorError` named."""
-    tiny = np.finfo(np.float32).tiny
-    zero = np.asarray(np.abs(vectors).max(axis=1, initial=0.0) < tiny)
-    if 0 <= row < len(zero):
-        zero[row] = True
-    return zero
-
-
 def _zero_problem(ids: np.ndarray, probed: int, rows: int, column: str) -> str:
     shown = ", ".join(str(i) for i in ids[:_SHOWN_IDS].tolist())
     more = f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else ""
@@ -233,8 +223,11 @@ def _probe(
     try:
         try:
             translate = _timed(translator, batch.vectors)
-        except ZeroVectorError as error:
-            zero = _zero_rows(batch.vectors, error.row)
+        except ZeroVectorError:
+            # the translator's row counts from a half of the batch (_timed): found again
+            zero = zero_rows(batch.vectors)
+            if not zero.any():  # not the rows the translator refuses: say what it said
+                raise
             problems.append(_zero_problem(batch.ids[zero], n, rows, column))
             if not zero.all():  # time the others, scaled to the whole batch
                 translate = _timed(translator, batch.vectors[~zero]) * n / int((~zero).sum())

@@ -56,8 +56,10 @@ from lead.migrate.stores import (
     Batch,
     SourceInfo,
     StoreURI,
+    first_zero_row,
     ordered_texts,
     with_params,
+    zero_row_error,
 )
 
 __all__ = ["LEAD_NAMESPACE", "QdrantSource"]
@@ -107,10 +109,10 @@ class QdrantSource(Collection):
         records, _ = self.scroll(limit=1, offset=offset, with_payload=False, with_vectors=False)
         return records[0].id if records else None
 
-    def check(self, *, skip_null: bool = False) -> None:
+    def check(self, *, skip_null: bool = False, zero_rows: bool = False) -> None:
         """Refuse mixed integer / UUID ids, points without the vector (unless
-        ``skip_null``) and non-finite values; point ids are unique in Qdrant. Reads every
-        vector once (see the module docstring).
+        ``skip_null``), non-finite values and, with ``zero_rows``, all-zero vectors; point
+        ids are unique in Qdrant. Reads every vector once (see the module docstring).
 
         Raises
         ------
@@ -118,6 +120,8 @@ class QdrantSource(Collection):
             Naming an offending id.
         NonFiniteError
             A vector holding infinity or NaN, naming its id.
+        ZeroVectorError
+            With ``zero_rows``: an all-zero vector, naming its id.
         """
         if self._mixed is not None:
             raise InvalidInputError(
@@ -135,8 +139,12 @@ class QdrantSource(Collection):
                 f"first: id {first}); pass --skip-null to leave them out of the target",
                 param="vector",
             )
-        for _ in self.batches(4096):  # each batch is checked as it is read
-            pass
+        read = 0
+        for batch in self.batches(4096):  # each batch is checked as it is read
+            zero = first_zero_row(batch.vectors) if zero_rows else None
+            if zero is not None:
+                raise zero_row_error(batch.ids[zero], self.name, "vector", read + zero)
+            read += len(batch.ids)
 
     def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:
         """Points with the vector in id order, after point id ``after``; one scroll request

@@ -301,7 +301,7 @@ def run_apply_ray(
         column = str(getattr(src, "name", None) or getattr(src, "column", None) or src.info.uri)
         check_go(translator, allow_no_go=allow_no_go)
         check_dims(src, translator, column)
-        src.check(skip_null=skip_null)
+        src.check(skip_null=skip_null, zero_rows=translator.ref.unit_input)
         spec = migration_spec(src, translator, inverse=inverse, normalize=normalize)
         with _ray_connected(address) as ray:
             state = tgt.open(spec, src.info, partitioned=True)

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from lead.data import parse_spec
-from lead.errors import ConflictError, InvalidInputError
+from lead.errors import ConflictError, InvalidInputError, ZeroVectorError
 
 __all__ = [
     "LEAD_PARAMS",
@@ -47,11 +47,14 @@ __all__ = [
     "StoreURI",
     "Target",
     "check_same_migration",
+    "first_zero_row",
     "ordered_texts",
     "parse_store_uri",
     "source_identity",
     "unsplit",
     "with_params",
+    "zero_row_error",
+    "zero_rows",
 ]
 
 #: Query parameters LEAD reads itself; the rest of a URI's query goes to the client library.
@@ -404,19 +407,50 @@ class Closing:
         self.close()
 
 
+def zero_rows(vectors: np.ndarray) -> np.ndarray:
+    """(m,) bool: the rows of ``vectors`` (shape (m, d)) without a direction: all zeros, or
+    only subnormal values (the rows :func:`lead.unit_input.normalize_input` refuses)."""
+    tiny = np.finfo(np.float32).tiny
+    return np.asarray(np.abs(vectors).max(axis=1, initial=0.0) < tiny)
+
+
+def first_zero_row(vectors: np.ndarray) -> int | None:
+    """The first of :func:`zero_rows`, or None."""
+    zero = zero_rows(vectors)
+    return int(np.argmax(zero)) if zero.any() else None
+
+
+def zero_row_error(key: Any, where: str, param: str, row: int = -1) -> ZeroVectorError:
+    """The error for the all-zero vector of id ``key`` in ``where`` (``row``: its position
+    in the source's order, -1 when not counted), met before anything was written."""
+    return ZeroVectorError(
+        f"the vector of id {key} in {where} is all zeros (or holds only values below "
+        "float32's smallest normal, 1.2e-38): the stitch was fitted on unit-length vectors "
+        "and cannot translate a vector without a direction; fix or "
+        "delete that row (or, in a table or collection, set it to NULL and pass --skip-null)",
+        param=param,
+        row=row,
+    )
+
+
 class Source(Protocol):
     """A store read by a migration (never modified)."""
 
     info: SourceInfo
 
-    def check(self, *, skip_null: bool = False) -> None:
+    def check(self, *, skip_null: bool = False, zero_rows: bool = False) -> None:
         """Refuse what a migration cannot translate, before anything is written.
+
+        ``zero_rows``: also refuse a vector without a direction (:func:`first_zero_row`),
+        for a stitch fitted on unit-length vectors.
 
         Raises
         ------
         InvalidInputError
             A NULL vector (unless ``skip_null``), a non-finite value or a duplicate id,
             naming the id and the column.
+        ZeroVectorError
+            With ``zero_rows``: an all-zero vector, naming its id (:func:`zero_row_error`).
         """
 
     def batches(self, batch_size: int, after: Any = None) -> Iterator[Batch]:

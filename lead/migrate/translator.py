@@ -30,7 +30,7 @@ from lead.errors import (
     StitchNotFoundError,
 )
 from lead.stitches import Stitch, oriented
-from lead.unit_input import normalize_input
+from lead.unit_input import expects_unit_input, normalize_input
 
 __all__ = [
     "LocalTranslator",
@@ -53,6 +53,9 @@ class StitchRef:
     source_model, target_model : str
         In the direction the migration runs.
     d_in, d_out : int
+    unit_input : bool
+        The stitch scales its input to unit length (fitted on unit-length vectors), so it
+        cannot translate an all-zero vector: :meth:`Source.check` refuses those up front.
     """
 
     name: str
@@ -61,6 +64,7 @@ class StitchRef:
     target_model: str
     d_in: int
     d_out: int
+    unit_input: bool = False
 
 
 class Translator(Protocol):
@@ -95,7 +99,8 @@ def _ref(name: str, folder: Path, stitch: Stitch, inverse: bool) -> StitchRef:
     dims = (stitch.d_src, stitch.d_tgt)
     if inverse:
         models, dims = models[::-1], dims[::-1]
-    return StitchRef(name, stitch_sha256(folder), *models, *dims)
+    unit_input = expects_unit_input(stitch, inverse=inverse)
+    return StitchRef(name, stitch_sha256(folder), *models, *dims, unit_input)
 
 
 class LocalTranslator:

@@ -627,3 +627,23 @@ def test_a_stitch_its_storage_dtype_cannot_hold_is_not_saved(
     # as 100 % of their size, by a first version of the check)
     X, Y = X - X.mean(axis=0), Y - Y.mean(axis=0)
     save_stitch(fit_stitch(X, Y, "ridge"), tmp_path / "centred", dtype="float16")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("source_model", 5),
+        ("target_model", None),
+        ("target_model", " "),
+        ("source_normalized", 1),
+        ("target_revision", 2),
+        ("fit", []),
+        ("scorecard", "good"),
+    ],
+)
+def test_stitch_info_refuses_what_config_json_could_not_load_back(field: str, value: Any) -> None:
+    """A saved stitch whose model was 5 could only fail at load_stitch (found by an
+    adversarial pass): StitchInfo itself refuses it, before anything is fitted or saved."""
+    with pytest.raises(InvalidInputError, match=f"StitchInfo.{field} must be") as refused:
+        StitchInfo(**{field: value})
+    assert refused.value.param == field

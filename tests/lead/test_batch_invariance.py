@@ -106,6 +106,9 @@ def test_apply_stitch_is_batch_invariant(name: str, inverse: bool, scifact_small
     for batch_size in (1, 7, 60):
         out = apply_stitch(stitch, x.numpy(), batch_size=batch_size, inverse=inverse)
         assert torch.equal(out, reference), batch_size
+    # nor the memory layout: a Fortran-order array (np.load of one) or a transposed tensor
+    for layout in (np.asfortranarray(x.numpy()), x.t().contiguous().t()):
+        assert torch.equal(apply_stitch(stitch, layout, inverse=inverse), reference)
 
 
 def test_a_plain_forward_is_not_batch_invariant(scifact_small: Any) -> None:

@@ -424,26 +424,33 @@ def test_an_empty_source_migrates_to_an_empty_finished_target(tmp_path, minilm_t
         assert _apply(source, tmp_path / name, minilm_to_mpnet).already_done
 
 
-def test_a_zero_vector_mid_run_stops_and_says_what_next(tmp_path, scifact_small, minilm_to_mpnet):
+@pytest.mark.parametrize("kind", ["parquet", "npy"])
+def test_a_zero_vector_is_refused_before_anything_is_written(
+    kind, tmp_path, scifact_small, minilm_to_mpnet
+):
+    """A unit-input stitch cannot scale a zero vector: the source's check finds it (row 70,
+    past the first batches) before the target exists; the fixed file then migrates."""
     X = scifact_small.corpus["minilm"][:100].copy()
     broken = X.copy()
-    broken[70] = 0  # a unit-input stitch cannot scale it
-    source = write_parquet(tmp_path / "src.parquet", np.arange(100), broken)
+    broken[70] = 0
+    if kind == "parquet":
+        source = write_parquet(tmp_path / "src.parquet", np.arange(100), broken)
+        where = "id 70 in 'emb' of"
+    else:
+        np.save(tmp_path / "src.npy", broken)
+        source, where = str(tmp_path / "src.npy"), "id 70 in"
     target = tmp_path / "out"
-    with pytest.raises(ZeroVectorError, match="id 70 in emb is all zeros") as stopped:
+    with pytest.raises(ZeroVectorError, match=f"{where} .* is all zeros") as refused:
         _apply(source, target, minilm_to_mpnet, batch_size=30)
-    # a file is resumed by row position: a fixed file goes to a new target
-    assert "fix or remove that row in the source file, then to migrate" in str(stopped.value)
-    assert len(_read(target)[0]) == 60  # the batches before it, not marked finished
-    keep = np.arange(100) != 70
-    write_parquet(tmp_path / "src.parquet", np.arange(100)[keep], X[keep])
-    with pytest.raises(ConflictError, match="whose files changed"):
-        _apply(source, target, minilm_to_mpnet, batch_size=30)
-    result = _apply(source, tmp_path / "new", minilm_to_mpnet, batch_size=30)
-    assert (result.rows_written, result.rows_total) == (99, 99)
-    ids, vectors = _read(tmp_path / "new")
-    np.testing.assert_array_equal(ids, np.arange(100)[keep])
-    np.testing.assert_array_equal(vectors, minilm_to_mpnet(X[keep]))
+    assert "fix or delete that row" in str(refused.value) and refused.value.row == 70
+    assert not target.exists()
+    if kind == "parquet":
+        write_parquet(tmp_path / "src.parquet", np.arange(100), X)
+    else:
+        np.save(tmp_path / "src.npy", X)
+    result = _apply(source, target, minilm_to_mpnet, batch_size=30)
+    assert (result.rows_written, result.rows_total) == (100, 100)
+    np.testing.assert_array_equal(_read(target)[1], minilm_to_mpnet(X))
 
 
 # 6. target parameters, part numbers, a manifest killed before its rename
@@ -560,3 +567,25 @@ def test_a_confidence_column_is_refused_before_anything_is_written(
     code = main(["migrate", "apply", source, str(target), "--stitch", headless, "--quiet",
                  "--confidence-column", "conf"])  # fmt: skip
     assert code == 2 and not any(target.glob("part-*"))
+
+
+def test_source_parameters_a_matrix_does_not_use_are_refused(
+    tmp_path, scifact_small, minilm_to_mpnet
+):
+    """``x.npy?column=foo`` ran, the parameter silently ignored (found by an adversarial
+    pass)."""
+    np.save(tmp_path / "x.npy", scifact_small.corpus["minilm"][:10])
+    with pytest.raises(InvalidInputError, match="takes no parameters, not column"):
+        _apply(f"{tmp_path / 'x.npy'}?column=foo", tmp_path / "out", minilm_to_mpnet)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_value_inside_a_vector_is_named_as_such(tmp_path, scifact_small, minilm_to_mpnet):
+    """A NULL among a vector's numbers was reported as NaN or infinity."""
+    rows = scifact_small.corpus["minilm"][:10].tolist()
+    rows[4][7] = None
+    table = pa.table({"id": pa.array(range(10), pa.int64()), "emb": pa.array(rows)})
+    pq.write_table(table, tmp_path / "holes.parquet")
+    with pytest.raises(InvalidInputError, match=r"id 4 in .* has a NULL value among its numbers"):
+        _apply(str(tmp_path / "holes.parquet"), tmp_path / "out", minilm_to_mpnet)
+    assert not (tmp_path / "out").exists()

@@ -78,3 +78,15 @@ def test_ids_that_will_be_row_numbers_are_noted(scifact_small, tmp_path):
     assert "doc_id" in result.notes[0] and result.as_dict()["notes"] == result.notes
     named = migrate.plan(f"{path}?id=doc_id", UNIT_STITCH)
     assert named.ok and named.notes == [] and named.source["id_kind"] == "str"
+
+
+def test_a_zero_vector_in_the_second_half_of_the_probe_is_named_alone(scifact_small, tmp_path):
+    """The probe times two halves of its batch; the error's row counts from the half, and
+    was taken as a row of the batch: a good vector 600 rows earlier was named beside the
+    zero one (an adversarial pass)."""
+    vectors = np.vstack([scifact_small.corpus["minilm"]] * 3)  # 1,200 rows
+    vectors[700] = 0.0
+    np.save(tmp_path / "zero700.npy", vectors)
+    result = migrate.plan(str(tmp_path / "zero700.npy"), UNIT_STITCH)
+    assert not result.ok and len(result.problems) == 1
+    assert "ids 700 in" in result.problems[0] and "(1 of the 1200 rows)" in result.problems[0]

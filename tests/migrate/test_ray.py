@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from lead import migrate
-from lead.errors import ConflictError, InvalidInputError, ShapeMismatchError, ZeroVectorError
+from lead.errors import (
+    ConflictError,
+    InvalidInputError,
+    NonFiniteOutputError,
+    ShapeMismatchError,
+    ZeroVectorError,
+)
 from lead.migrate.apply import migration_spec
 from lead.migrate.partitions import (
     Partition,
@@ -266,15 +272,35 @@ def test_bad_input_and_conflicts_are_refused_before_writing(
         run_apply_ray(source, out, "minilm-to-pml3", progress=False)
 
 
-def test_a_worker_error_reaches_the_driver_as_itself(pg_uri, scifact_small):
+def test_a_zero_vector_is_refused_before_the_workers_start(pg_uri, scifact_small):
     X = scifact_small.corpus["minilm"][:40].copy()
     X[23] = 0.0
     source = make_table(pg_uri, "r_zero", np.arange(40) + 500, X)
     target = with_params(pg_uri, table="r_zero_out", column="emb")
-    with pytest.raises(ZeroVectorError, match="id 523") as caught:
+    with pytest.raises(ZeroVectorError, match=r"id 523 in r_zero\.emb is all zeros"):
         run_apply_ray(source, target, STITCH, partitions=2, progress=False)
-    assert caught.value.row == 3 and caught.value.param == "r_zero.emb[523]"
-    assert sql(pg_uri, "SELECT count(*) FROM r_zero_out")[0][0] <= 20  # the other partition
+    assert sql(pg_uri, "SELECT to_regclass('r_zero_out')")[0][0] is None
+
+
+def test_a_worker_error_reaches_the_driver_as_itself(pg_uri, scifact_small, tmp_path):
+    """A stitch (of any input length) whose output overflows float32 for one row: the
+    NonFiniteOutputError of the worker that meets it reaches the driver as itself."""
+    import torch
+
+    from lead import StitchInfo, fit_stitch, save_stitch
+
+    X, Y = 2 * scifact_small.corpus["minilm"], scifact_small.corpus["mpnet"]
+    stitch = fit_stitch(X, Y, method="ridge", info=StitchInfo(source_model="a", target_model="b"))
+    towards = torch.from_numpy(X[23]) - stitch.source_mean.detach()
+    with torch.no_grad():  # row 23 maps to 2.5e38 + 2e38: infinity in float32
+        stitch.weight.copy_((2e38 * towards / towards.dot(towards)).expand(768, 384))
+        stitch.target_mean.fill_(2.5e38)
+    save_stitch(stitch, tmp_path / "overflows")
+    source = make_table(pg_uri, "r_huge", np.arange(40) + 500, X[:40])
+    target = with_params(pg_uri, table="r_huge_out", column="emb")
+    with pytest.raises(NonFiniteOutputError, match="NaN or infinity"):
+        run_apply_ray(source, target, str(tmp_path / "overflows"), partitions=2, progress=False)
+    assert sql(pg_uri, "SELECT count(*) FROM r_huge_out")[0][0] <= 20  # the other partition
 
 
 @pytest.mark.gpu

@@ -334,9 +334,13 @@ def has_vector(name: str, *, present: bool) -> Any:
     return models.Filter(must=condition) if present else models.Filter(must_not=condition)
 
 
+#: The payload field where a target keeps a text id that is not its point id.
+ID_FIELD = "lead_id"
+
+
 def point_key(key: Any) -> tuple[Any, str | None]:
     """The Qdrant point id a target writes a LEAD id to, and the text id to keep in
-    ``lead_id`` (or None).
+    :data:`ID_FIELD` (or None).
 
     Only the canonical spelling of a UUID (lowercase, hyphenated: as Qdrant answers it)
     is its own point id; any other text, another spelling of a UUID included, becomes

@@ -34,6 +34,7 @@ from lead.errors import (
     StoreNotFoundError,
 )
 from lead.migrate._qdrant import (
+    ID_FIELD,
     Collection,
     fetched,
     point_key,
@@ -136,10 +137,38 @@ class QdrantTarget(Collection):
                 "choose a new collection (or a new ?vector=NAME to add to this one)",
                 param="target",
             )
+        self._check_confidence_field(config)
         self.new_collection = config is None
         self.spec = {**want, "new_collection": self.new_collection}
         self._pending = spec.dim  # made by the first write (or finish): after its ids passed
         return Progress()
+
+    def _check_confidence_field(self, config: Any | None) -> None:
+        """Refuse a confidence field that would overwrite a payload: ``lead_id`` (where text
+        ids are kept), or, in an existing collection, a field some point has already."""
+        field = self.confidence_column
+        if field is None:
+            return
+        if field == ID_FIELD:
+            raise InvalidInputError(
+                f"{self.uri}: the confidence field cannot be named {ID_FIELD!r}, where LEAD "
+                "keeps text ids; choose another --confidence-column",
+                param="confidence_column",
+            )
+        if config is None:
+            return
+        from qdrant_client import models
+
+        present = models.Filter(
+            must_not=models.IsEmptyCondition(is_empty=models.PayloadField(key=field))
+        )
+        taken = self.call(lambda c: c.count(self.collection, count_filter=present, exact=True))
+        if taken.count:
+            raise ConflictError(
+                f"{self.uri}: {taken.count} points of {self.collection!r} have a payload field "
+                f"{field!r} already; choose another --confidence-column",
+                param="confidence_column",
+            )
 
     def check_source(self, source: Source) -> None:
         """Before :meth:`open`: when this run adds a vector to an existing collection,
@@ -266,7 +295,7 @@ class QdrantTarget(Collection):
         rows = np.asarray(vectors, dtype=np.float32).tolist()
         if self.new_collection:
             payloads: list[dict[str, Any]] = [
-                {"lead_id": t} if t is not None else {} for _, t in pairs
+                {ID_FIELD: t} if t is not None else {} for _, t in pairs
             ]
             if scores is not None:
                 for payload, score in zip(payloads, scores, strict=True):

@@ -23,6 +23,7 @@ from lead.errors import (
     ShapeMismatchError,
     StoreError,
     StoreNotFoundError,
+    ZeroVectorError,
 )
 from lead.migrate.qdrant import LEAD_NAMESPACE
 from lead.migrate.registry import open_source, open_target
@@ -473,5 +474,45 @@ def test_a_confidence_field_is_refused_without_a_head(scifact_small, unscored, s
     client = _client(storage)
     try:
         assert not client.collection_exists("out")
+    finally:
+        client.close()
+
+
+def test_a_confidence_field_never_overwrites_a_payload(scifact_small, scored, storage, tmp_path):
+    """``lead_id`` holds text ids; in an existing collection, a field its points have is
+    theirs: both refused before anything is written."""
+    X = scifact_small.corpus["minilm"][:20]
+    texts = write_parquet(tmp_path / "texts.parquet", [f"d{i}" for i in range(20)], X)
+    with pytest.raises(InvalidInputError, match="cannot be named 'lead_id'"):
+        migrate.apply(
+            texts, f"qdrant://{storage}/out", scored, progress=False, confidence_column="lead_id"
+        )
+    source = make_collection(storage, "src", list(range(20)), {"minilm": X})
+    client = _client(storage)
+    try:
+        assert not client.collection_exists("out")
+        client.set_payload("src", payload={"title": "kept"}, points=[3], wait=True)
+    finally:
+        client.close()
+    with pytest.raises(ConflictError, match="1 points of 'src' have a payload field 'title'"):
+        migrate.apply(
+            with_params(source, vector="minilm"), with_params(source, vector="mpnet"), scored,
+            progress=False, confidence_column="title",
+        )  # fmt: skip
+    assert [p.payload for p in _points(storage, "src") if p.id == 3] == [{"title": "kept"}]
+    assert all(set(p.vector) == {"minilm"} for p in _points(storage, "src"))
+
+
+def test_a_zero_vector_is_refused_before_anything_is_written(
+    scifact_small, minilm_to_mpnet, storage
+):
+    X = scifact_small.corpus["minilm"][:30].copy()
+    X[17] = 0.0  # a unit-input stitch cannot scale it
+    source = make_collection(storage, "zeros", list(range(30)), X, distance="Dot")
+    with pytest.raises(ZeroVectorError, match=r"id 17 in .* is all zeros"):
+        migrate.apply(source, f"qdrant://{storage}/zeros_out", minilm_to_mpnet, progress=False)
+    client = _client(storage)
+    try:
+        assert not client.collection_exists("zeros_out")
     finally:
         client.close()

@@ -61,8 +61,9 @@ datasets and jobs and delete stitches. Each operation names its scope in its sec
 requirement. On any route, a request line and headers beyond `LEAD_MAX_HEADER_BYTES` (64 KiB
 by default) get 431 `headers_too_large`, ones that take longer than
 `LEAD_HEADER_TIMEOUT_SECONDS` (30 s) to arrive 408 `request_timeout`, bytes that are not
-an HTTP/1.1 request 400 `invalid_http`, and a `Transfer-Encoding` other than `chunked` alone
-501 `unsupported_transfer_coding`; each closes the connection.
+an HTTP/1.1 request 400 `invalid_http`, a request with a body that asks to switch protocols
+(`Connection: Upgrade`) 400 `upgrade_not_supported`, and a `Transfer-Encoding` other than
+`chunked` alone 501 `unsupported_transfer_coding`; each closes the connection.
 """
 
 
@@ -163,9 +164,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Small (query-time) and bulk translate requests have their own shares of the byte
     # budget, so that neither kind starves the other.
     small_share = max(1, settings.max_translate_bytes_in_flight // 8)
-    app.state.small_limiter = ConcurrencyLimiter(small_share, "small translate", "body bytes")
+    budget = "LEAD_MAX_TRANSLATE_BYTES_IN_FLIGHT"  # the refusals name the setting they share
+    app.state.small_limiter = ConcurrencyLimiter(
+        small_share, "small translate", f"body bytes, 1/8 of {budget}"
+    )
     app.state.limiter = ConcurrencyLimiter(
-        max(1, settings.max_translate_bytes_in_flight - small_share), "translate", "body bytes"
+        max(1, settings.max_translate_bytes_in_flight - small_share),
+        "translate",
+        f"body bytes, 7/8 of {budget}",
     )
     app.state.batcher = MicroBatcher(
         max_vectors=settings.batch_max_vectors,

@@ -22,7 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from python_multipart.multipart import parse_options_header
 
-from lead.errors import NotReadyError, UnsupportedMediaTypeError
+from lead.errors import (
+    InvalidInputError,
+    LeadError,
+    NotReadyError,
+    UnsupportedMediaTypeError,
+)
 from service.arrow_io import ARROW_STREAM
 from service.batcher import MicroBatcher
 from service.limits import ConcurrencyLimiter
@@ -46,6 +51,7 @@ __all__ = [
     "get_registry",
     "get_settings",
     "media_type",
+    "one_idempotency_key",
     "refuse_repeated_query",
     "require_json",
     "require_json_or_arrow_media",
@@ -126,11 +132,7 @@ def media_type(request: Request) -> str:
         Several ``Content-Type`` headers (which one a proxy reads is anyone's guess), or a
         ``charset`` other than UTF-8 (bodies are read as UTF-8, RFC 8259 section 8.1).
     """
-    values = request.headers.getlist("content-type")
-    if len(values) > 1:
-        raise UnsupportedMediaTypeError(
-            f"{len(values)} Content-Type headers: send one", param="Content-Type"
-        )
+    values = _at_most_one(request, "Content-Type", UnsupportedMediaTypeError)
     media, parameters = parse_options_header(values[0] if values else "")
     charset = parameters.get(b"charset")
     if charset is not None and charset.lower() not in (b"utf-8", b"utf8"):
@@ -142,6 +144,26 @@ def media_type(request: Request) -> str:
     return media.decode("latin-1")
 
 
+def _at_most_one(request: Request, name: str, error: type[LeadError]) -> list[str]:
+    """The values of header ``name``, refused with ``error`` when there are several: which
+    one a proxy keeps is anyone's guess."""
+    values = request.headers.getlist(name)
+    if len(values) > 1:
+        raise error(f"{len(values)} {name} headers: send one", param=name)
+    return values
+
+
+def one_idempotency_key(request: Request) -> None:
+    """Refuse several ``Idempotency-Key`` headers (the first was used, the others dropped).
+
+    Raises
+    ------
+    InvalidInputError
+        Two or more of them (400).
+    """
+    _at_most_one(request, "Idempotency-Key", InvalidInputError)
+
+
 def _is_json(media: str) -> bool:
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
@@ -151,7 +173,8 @@ def _is_json(media: str) -> bool:
 def _refuse(request: Request, accepted: str) -> NoReturn:
     content_type = request.headers.get("content-type", "")
     raise UnsupportedMediaTypeError(
-        f"Content-Type must be {accepted}, got {content_type or 'none'!r}"[:300],
+        f"Content-Type must be {accepted}, got "
+        f"{repr(content_type) if content_type else 'no Content-Type'}"[:300],
         param="Content-Type",
     )
 

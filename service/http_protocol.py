@@ -48,6 +48,7 @@ __all__ = [
     "headers_too_large",
     "invalid_http",
     "transfer_coding_not_implemented",
+    "upgrade_with_body",
 ]
 
 logger = logging.getLogger("lead.service")
@@ -112,6 +113,18 @@ def transfer_coding_not_implemented(codings: list[str]) -> bytes:
         "(with Content-Length) or chunked alone; compress it with Content-Encoding gzip"
     )
     return _closing_response(501, "Not Implemented", "unsupported_transfer_coding", message)
+
+
+def upgrade_with_body() -> bytes:
+    """The whole HTTP response to a request that asks to upgrade the connection and has a
+    body, which the parser hands over as the new protocol's bytes: 400 with the error
+    envelope, and the connection closed."""
+    message = (
+        "this service does not switch protocols (Connection: Upgrade, Upgrade: websocket or "
+        "h2c), and a request that asks to carries its body past the parser: send it without "
+        "those headers (curl: --http1.1)"
+    )
+    return _closing_response(400, "Bad Request", "upgrade_not_supported", message)
 
 
 def invalid_http() -> bytes:
@@ -221,13 +234,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def _should_upgrade(self) -> bool:
-        # a refused connection upgrades to nothing (the parser may still report an
-        # upgrade request read in the same bytes)
-        return not self._refused and super()._should_upgrade()
+        """Never: the service has no WebSocket route. A request asking to upgrade is
+        answered as plain HTTP (in the error envelope when it is wrong); before, the
+        WebSocket handshake refused it in plain text."""
+        return False
 
     def _unsupported_upgrade_warning(self) -> None:
-        if not self._refused:
-            super()._unsupported_upgrade_warning()
+        """The parser stops at an upgrade request's end: its answer closes the connection
+        (what the client sends after it would never be read)."""
+        if not self._refused and self.cycle is not None:
+            self.cycle.keep_alive = False
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client closed its sending side (a half-close): the request it sent is still
+        answered, then the connection closes; an idle connection closes now. Before, the
+        transport closed at once, so such a request ran (a job was created) unanswered.
+        A body cut short by the half-close gets its 408 when the body time is up."""
+        cycle = self.cycle
+        if self._refused or cycle is None or cycle.response_complete:
+            return None  # asyncio closes the transport
+        cycle.keep_alive = False
+        return True  # kept open for the answer; the cycle closes it after
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # nothing more is parsed
@@ -299,6 +326,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # the parser frames the body as chunked and drops the other codings: a
             # gzip-coded body would reach the app as if it were plain
             self._refuse(own=False, response=transfer_coding_not_implemented(codings))
+            return
+        if self.parser.should_upgrade() and (
+            codings or header_list(self.headers, b"content-length") not in ([], ["0"])
+        ):
+            self._refuse(own=False, response=upgrade_with_body())
             return
         super().on_headers_complete()
 

@@ -371,7 +371,9 @@ class BodyLimitMiddleware:
             return
         try:
             messages = await self._read_body(receive, limit, hint)
-            if coding is not None and messages[0]["type"] == "http.request":
+            # an empty body is empty in any coding: a GET (a health probe) that names one
+            # is served, where decoding nothing said "the gzip body is truncated"
+            if coding is not None and messages[0]["type"] == "http.request" and messages[0]["body"]:
                 async with self._inflating:
                     body = await anyio.to_thread.run_sync(
                         _decompress, messages[0]["body"], coding, limit, hint
@@ -477,10 +479,8 @@ class ConcurrencyLimiter:
         self.in_flight -= 1
         self.held -= weight
 
-    @asynccontextmanager
-    async def slot(self, retry_after: int = 1, weight: int = 1) -> AsyncIterator[None]:
-        """Hold ``weight`` for the body of the ``async with``; raise OverloadedError when
-        it does not fit."""
+    def acquire(self, retry_after: int = 1, weight: int = 1) -> None:
+        """Hold ``weight`` until :meth:`release`; raise OverloadedError when it does not fit."""
         if not self.try_acquire(weight):
             requests = f"{self.what} requests" if self.what else "requests"
             limit = f"{self.limit} {self.unit}".rstrip()
@@ -488,6 +488,12 @@ class ConcurrencyLimiter:
                 f"too many {requests} in flight (limit {limit}); retry shortly",
                 retry_after=retry_after,
             )
+
+    @asynccontextmanager
+    async def slot(self, retry_after: int = 1, weight: int = 1) -> AsyncIterator[None]:
+        """Hold ``weight`` for the body of the ``async with``; raise OverloadedError when
+        it does not fit."""
+        self.acquire(retry_after, weight)
         try:
             yield
         finally:

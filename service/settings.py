@@ -222,7 +222,9 @@ class Settings(BaseSettings):
         gt=0,
         description="Time a request body may take to arrive, beyond it 408: the whole body of "
         "a JSON request; each piece of a dataset upload (uploads are large, so the wait between "
-        "pieces is limited instead). Stalled clients hold no translate slot meanwhile.",
+        "pieces is limited instead). Stalled clients hold no translate slot meanwhile. Also the "
+        "time a client may take to read each MiB of a bulk translate answer (which holds its "
+        "share of the byte budget until read), beyond which its connection is closed.",
     )
     retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After on 429.")
     torch_threads: int = Field(

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
-from service.deps import require_json
+from service.deps import one_idempotency_key, require_json
 from service.jobs.deps import JobsDep
 from service.jobs.schemas import JobCreate, JobList, JobOut, job_error_responses
 from service.json_body import json_body, json_request_body
@@ -30,7 +30,7 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelling", "canc
     status_code=202,
     response_model=JobOut,
     responses=job_error_responses(400, 404, 408, 409, 413, 415, 422, 503, 507),
-    dependencies=[Depends(require_json)],
+    dependencies=[Depends(require_json), Depends(one_idempotency_key)],
     openapi_extra=json_request_body(JobCreate),
     summary="Train a stitch (asynchronous)",
 )

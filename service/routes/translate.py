@@ -30,6 +30,7 @@ from starlette.routing import Route as StarletteRoute
 from service import arrow_io
 from service.deps import check_query, require_json_or_arrow_media, translate_context
 from service.encoding import render_embeddings, render_scored
+from service.held_answer import HeldAnswer
 from service.jobs.schemas import AlignRequest, JobCreate
 from service.observability import Metrics
 from service.registry import StitchRegistry
@@ -186,14 +187,25 @@ async def translate(request: Request) -> Response:
     settings, registry, metrics, limiter = ctx.settings, ctx.registry, ctx.metrics, ctx.limiter
     if arrow or not _is_small(request, settings):
         body = await _read_body(request)
-        async with limiter.slot(settings.retry_after_seconds, weight=len(body)):
+        weight = len(body)
+        limiter.acquire(settings.retry_after_seconds, weight)
+        try:
             if arrow:
-                stream = await run_in_threadpool(
+                content: bytes | memoryview = await run_in_threadpool(
                     _translate_arrow, body, query, registry, settings, metrics
                 )
-                return Response(stream, media_type=arrow_io.ARROW_STREAM)
-            content = await run_in_threadpool(_translate, body, registry, settings, metrics)
-        return Response(content, media_type="application/json")
+            else:
+                content = await run_in_threadpool(_translate, body, registry, settings, metrics)
+        except BaseException:
+            limiter.release(weight)
+            raise
+        # the share is held until the client has taken the answer (service.held_answer)
+        return HeldAnswer(
+            content,
+            arrow_io.ARROW_STREAM if arrow else "application/json",
+            release=lambda: limiter.release(weight),
+            timeout_s=settings.body_timeout_seconds,
+        )
     # Small: decoded and rendered on the event loop (a thread hand-off would cost more than
     # either), the forward shared with concurrent requests (service.batcher).
     with ctx.batcher.arriving():

@@ -132,7 +132,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[str]]] = [
         "unsupported_media_type",
         ["application/json"],
     ),
-    ("no content type", {"content": b"{}"}, 415, "unsupported_media_type", ["none"]),
+    ("no content type", {"content": b"{}"}, 415, "unsupported_media_type", ["got no Content-Type"]),
     ("invalid JSON", _json('{"stitch": "x", "input": [[1,2'), 400, "invalid_json", ["JSON"]),
     ("body not an object", _json("[1, 2]"), 400, "invalid_input", ["object"]),
     ("missing input", {"json": {"stitch": STITCH}}, 422, "validation_error", ["input"]),

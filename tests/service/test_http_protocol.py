@@ -433,3 +433,48 @@ def test_blank_lines_between_requests_do_not_hold_a_connection(server: tuple[str
         sock.sendall(b"\r\n")
         assert _closed(reader)
         assert time.monotonic() - start < HEAD_TIMEOUT + 5
+
+
+def test_a_request_sent_before_a_half_close_is_answered(server: tuple[str, int]) -> None:
+    """A client that sends its whole request and then shuts its sending side down still
+    gets the answer, then the connection closes (it got nothing, though the request ran:
+    found by an adversarial pass); pipelined requests before it are answered in order."""
+    body = _translate_body()
+    for request, expected in (
+        (_post_head(len(body)) + body, [200]),
+        (_GET + _post_head(len(body)) + body, [200, 200]),
+        (b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 2\r\n\r\n{}", [422]),
+    ):  # fmt: skip
+        with socket.create_connection(server, timeout=10) as sock:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+            assert _statuses(sock, 8) == expected, request[:40]
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200
+
+
+def test_an_upgrade_request_is_answered_as_plain_http(server: tuple[str, int]) -> None:
+    """The service has no WebSocket route: a bodyless request with a stray ``Upgrade:
+    websocket`` gets the usual answer, one with a body a 400 in the envelope (it got a
+    plain-text 400 from the WebSocket handshake); the connection closes after either."""
+    upgrade = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+    body = b'{"stitch": "%s", "input": [[1]]}' % STITCH.encode()
+    bad = (
+        b"POST /v1/translate HTTP/1.1\r\nHost: lead\r\nContent-Type: application/json\r\n"
+        + upgrade
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    ws = b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    get = b"GET /v1/stitches HTTP/1.1\r\nHost: lead\r\n" + upgrade + ws + b"\r\n"
+    for request, status in ((bad, 400), (get, 200)):
+        with socket.create_connection(server, timeout=10) as sock:
+            reader = sock.makefile("rb")
+            sock.sendall(request)
+            got, headers, answer = _read_response(reader)
+            assert got == status and headers["content-type"] == "application/json", answer
+            if status == 400:  # its body would reach the parser as the new protocol's
+                error = orjson.loads(answer)["error"]
+                assert error["code"] == "upgrade_not_supported" and "--http1.1" in error["message"]
+            assert _closed(reader)
+    assert httpx.get(f"http://{server[0]}:{server[1]}/healthz").status_code == 200

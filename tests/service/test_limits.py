@@ -62,6 +62,8 @@ def test_over_the_concurrency_limit_is_429(
     assert second.status_code == 429, second.text
     assert second.headers["retry-after"] == "2"
     assert second.json()["error"]["code"] == "overloaded"
+    # the limit it names is a share of the setting, which it names too
+    assert "7/8 of LEAD_MAX_TRANSLATE_BYTES_IN_FLIGHT" in second.json()["error"]["message"]
     assert third.status_code == 200, third.text
     assert app.state.limiter.in_flight == 0
 
@@ -243,6 +245,13 @@ def test_gzip_and_deflate_bodies_are_decompressed(make_client: Any, queries: Any
         )
         assert r.status_code == 200, (coding, r.text)
         assert r.json()["data"] == plain.json()["data"]
+    # no body is no body in any coding: a probe that names one is served (it got 400)
+    for method, path in (("GET", "/healthz"), ("GET", "/v1/stitches"), ("HEAD", "/v1/info")):
+        r = client.request(method, path, headers={"content-encoding": "gzip"})
+        assert r.status_code == 200, (path, r.text)
+    json_gzip = {"content-type": "application/json", "content-encoding": "gzip"}
+    empty = client.post("/v1/translate", headers=json_gzip)
+    assert empty.status_code == 400 and "the body is empty" in empty.json()["error"]["message"]
 
 
 def test_bad_or_unknown_encodings_are_4xx(make_client: Any, queries: Any) -> None:

@@ -47,6 +47,7 @@ from service.json_body import json_value_problem
 __all__ = [
     "MIN_PAIRS",
     "PairedData",
+    "any_judged",
     "check_dimension",
     "inspect_dataset",
     "load_paired",
@@ -138,13 +139,7 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
             f"integer of at most {_MAX_GRADE} in magnitude",
             param="qrels",
         )
-    corpus = set(corpus_ids)
-    judged = sum(
-        1
-        for qid in set(query_ids)
-        if any(g > 0 and doc in corpus for doc, g in qrels.get(qid, {}).items())
-    )
-    if judged == 0:
+    if not any_judged(query_ids, corpus_ids, qrels):
         raise TooFewPairsError(
             f"none of the {m} queries has a document judged relevant (grade > 0) in qrels "
             "among corpus_ids, so no retrieval score could be computed; fix qrels or upload "
@@ -153,6 +148,17 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
             got=0,
             param="qrels",
         )
+
+
+def any_judged(query_ids: list[str], corpus_ids: list[str], qrels: dict[str, Any]) -> bool:
+    """Whether some query has a document judged relevant (grade > 0) among ``corpus_ids``:
+    without one no retrieval score can be computed."""
+    corpus = set(corpus_ids)
+    return any(
+        grade > 0 and doc in corpus
+        for qid in set(query_ids)
+        for doc, grade in qrels.get(qid, {}).items()
+    )
 
 
 #: Longest ``name`` / ``source_model`` / ``target_model`` kept from a file's metadata.
@@ -174,6 +180,17 @@ def check_dimension(dim: int, max_dim: int, name: str) -> None:
             got=dim,
             param=name,
         )
+
+
+#: The first bytes of files sometimes uploaded in place of a .safetensors one.
+_OTHER_FORMATS = (
+    (np.lib.format.MAGIC_PREFIX, ".npy"),
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"PK\x03\x04", "zip"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (b"\xfd7zXZ", "xz-compressed"),
+)
 
 
 def inspect_dataset(path: Path, *, max_rows: int, max_dim: int) -> dict[str, Any]:
@@ -219,11 +236,14 @@ def inspect_dataset(path: Path, *, max_rows: int, max_dim: int) -> dict[str, Any
         handle = safe_open(str(path), framework="np")
     except Exception as exc:  # safetensors raises its own Rust-side error types
         with open(path, "rb") as file:
-            npy = file.read(6) == b"\x93NUMPY"  # safetensors said "header too large"
+            start = file.read(6)  # safetensors said "header too large" to each of these
+        kind = next((name for magic, name in _OTHER_FORMATS if start.startswith(magic)), None)
         hint = (
             " (it is a .npy file: put the pairs in one .safetensors file with tensors "
             "'source' and 'target', e.g. safetensors.numpy.save_file)"
-            if npy
+            if kind == ".npy"
+            else f" (it is a {kind} file: upload the .safetensors file itself, uncompressed)"
+            if kind
             else ""
         )
         raise DecodeError(

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lead.errors import JobCancelledError, LeadError
+from lead.errors import InvalidInputError, JobCancelledError, LeadError
 from service.jobs.layout import DataLayout
 from service.jobs.stitch_store import StitchStore, open_stitch_store
 from service.jobs.store import JobRecord, JobStore
@@ -112,9 +112,15 @@ class _Progress:
 
 
 def _error(exc: BaseException) -> dict[str, str]:
-    if isinstance(exc, LeadError):
-        from service.errors import kind_of  # the one exception → code table
+    """The job's ``error``: a :class:`LeadError`'s code and message; a write that found the
+    disk full is ``insufficient_storage`` (not an internal error naming the server's
+    paths); anything else ``internal_error``."""
+    from service.errors import kind_of, storage_full  # the one exception → code table
 
+    full = storage_full(exc)
+    if full is not None:
+        exc = full
+    if isinstance(exc, LeadError):
         return {"code": kind_of(exc).code, "message": exc.message}
     return {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
 
@@ -162,18 +168,38 @@ def serving_decision(scorecard: dict[str, Any], request: dict[str, Any]) -> tupl
     )
 
 
-def _retrieval_data(data: Any, test_idx: Any) -> Any:
+def _retrieval_data(data: Any, test_idx: Any, holdout_fraction: float) -> Any:
+    """The retrieval part of the held-out scorecard (None without query tensors).
+
+    Raises
+    ------
+    InvalidInputError
+        No query has a document judged relevant among the held-out documents: checked
+        before training (the job trained first, then failed).
+    """
     from lead.scorecard import RetrievalData
+    from service.jobs.datasets import any_judged
 
     if data.retrieval is None:
         return None
     r = data.retrieval
+    held_out = [r["corpus_ids"][i] for i in test_idx]
+    qrels = r["qrels"]
+    if not any_judged(r["query_ids"], held_out, qrels):
+        raise InvalidInputError(
+            f"none of the {len(r['query_ids'])} queries has a document judged relevant "
+            f"among the {len(held_out)} held-out documents (holdout_fraction "
+            f"{holdout_fraction:g} of {len(r['corpus_ids'])} pairs), so no retrieval score "
+            "could be computed: raise holdout_fraction, judge more documents, or upload the "
+            "dataset without query tensors",
+            param="qrels",
+        )
     return RetrievalData(
         target_queries=r["target_queries"],
         source_queries=r["source_queries"],
         query_ids=r["query_ids"],
-        corpus_ids=[r["corpus_ids"][i] for i in test_idx],
-        qrels=r["qrels"],
+        corpus_ids=held_out,
+        qrels=qrels,
     )
 
 
@@ -234,6 +260,7 @@ def run_job(
         train_idx, test_idx = holdout_split(
             data.source.shape[0], request["holdout_fraction"], request["seed"]
         )
+        retrieval = _retrieval_data(data, test_idx, request["holdout_fraction"])
         Y_train = data.target[train_idx]
         info = StitchInfo(
             source_model=request["source_model"],
@@ -257,7 +284,7 @@ def run_job(
             data.source[test_idx],
             data.target[test_idx],
             target_train_mean=Y_train.mean(axis=0),  # as `lead fit` / `lead score` do
-            retrieval=_retrieval_data(data, test_idx),
+            retrieval=retrieval,
         ).to_dict()
         stitch.info.scorecard = card
         stitch.info.fit["holdout_fraction"] = request["holdout_fraction"]
@@ -311,9 +338,12 @@ def run_job(
         store.finish_job(job.id, "cancelled", owner=owner)
         return "cancelled"
     except Exception as exc:
-        if not isinstance(exc, LeadError):
+        error = _error(exc)
+        if error["code"] == "internal_error":
             logger.error("job %s failed:\n%s", job.id, traceback.format_exc())
-        store.finish_job(job.id, "failed", error=_error(exc), owner=owner)
+        elif not isinstance(exc, LeadError):  # the disk is full: no traceback
+            logger.error("job %s failed: %s (%s)", job.id, error["message"], exc)
+        store.finish_job(job.id, "failed", error=error, owner=owner)
         return "failed"
 
 
@@ -340,7 +370,12 @@ def worker_main(
     ``("finished", slot, job_id, outcome)`` on ``events``.
     """
     _exit_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    # The server decides when workers stop (it kills them at shutdown and queues their jobs
+    # again): Ctrl-C, or a SIGTERM sent to the whole process group (systemd's default
+    # KillMode, `kill -- -PGID`), must not end a job before the server can. A worker killed
+    # by SIGTERM was taken for a crash and its job failed for good.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if config.nice:
         os.nice(config.nice)
     import torch

@@ -96,6 +96,8 @@ def _check_form_fields(form: FormData, *, query_name: str | None) -> None:
             raise body_error(key, shown, "not a field of this form (file, name)")
         if key in seen:
             raise body_error(key, shown, "given more than once; give each form field once")
+        if key == "name" and not isinstance(value, str):
+            raise body_error(key, shown, "a text field, not a file")
         if key == "name" and query_name is not None:
             raise body_error(key, shown, "given both as a form field and as ?name=; give one")
         seen.add(key)
@@ -121,13 +123,22 @@ async def upload_dataset(
     if media in _RAW_TYPES:
         record = await jobs.upload_dataset(request.stream(), name=name)
     elif media == "multipart/form-data":
-        async with request.form(max_files=1, max_fields=4) as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise InvalidInputError(
-                    "the multipart form needs a file field named 'file'", param="file"
-                )
+        # two files: a 'name' sent as a file part is named by _check_form_fields (one file
+        # at most made Starlette say "Too many files")
+        async with request.form(max_files=2, max_fields=4) as form:
             _check_form_fields(form, query_name=name)
+            upload = form.get("file")
+            if isinstance(upload, str):
+                raise InvalidInputError(
+                    "the form field 'file' is text: send the file as a part with a filename",
+                    param="file",
+                )
+            if upload is None:
+                raise InvalidInputError(
+                    "the multipart form holds no complete file field named 'file' (a form "
+                    "ends with its closing boundary, --BOUNDARY--)",
+                    param="file",
+                )
             label = form.get("name")
             if isinstance(label, str) and len(label) > METADATA_LIMIT:
                 raise LimitExceededError(

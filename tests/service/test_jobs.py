@@ -21,6 +21,7 @@ import torch
 from fastapi.testclient import TestClient
 from jobs_helpers import (
     assert_same_scorecard,
+    dataset_bytes,
     lead_scorecard,
     make_jobs_client,
     scifact_dataset,
@@ -318,6 +319,14 @@ def test_idempotency_key(jobs: TestClient, scifact_small: Any) -> None:
     assert other.json()["error"]["code"] == "idempotency_key_reused"
     assert other.json()["error"]["param"] == "Idempotency-Key"
 
+    # two keys: which one a proxy keeps is anyone's guess (the first was used)
+    twice = jobs.post(
+        "/v1/jobs",
+        json={**body, "seed": 4},
+        headers=[("Idempotency-Key", "retry-2"), ("Idempotency-Key", "retry-9")],
+    )
+    assert twice.status_code == 400, twice.text
+    assert twice.json()["error"]["message"] == "2 Idempotency-Key headers: send one"
     fresh = jobs.post("/v1/jobs", json={**body, "seed": 4}, headers={"Idempotency-Key": "retry-2"})
     assert fresh.status_code == 202, fresh.text
     assert fresh.json()["id"] != first.json()["id"]
@@ -825,3 +834,55 @@ def test_a_stitch_that_cannot_be_registered_is_not_reported_served(
     assert "could not be registered" in failed["result"]["not_served_reason"]
     assert "dimension" in failed["result"]["not_served_reason"]
     assert jobs.get(f"/v1/stitches/{failed['stitch_id']}").status_code == 404
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_disk_fails_a_job_as_insufficient_storage() -> None:
+    """A job whose stitch could not be written for want of room: the job's error is
+    ``insufficient_storage``, not an internal error naming the server's paths (found by an
+    adversarial pass on a 3 MB tmpfs); the write error here is a real one, from
+    ``/dev/full``."""
+    from service.jobs.worker import _error
+
+    with pytest.raises(OSError) as full, open("/dev/full", "wb") as sink:
+        sink.write(b"stitch")
+        sink.flush()
+    error = _error(full.value)
+    assert error["code"] == "insufficient_storage", error
+    assert "/dev/full" not in error["message"] and "no room left" in error["message"]
+
+
+def test_a_dataset_judged_only_on_training_documents_fails_before_training(
+    jobs: TestClient, scifact_small: Any
+) -> None:
+    """Every judged document falls in the training split: no retrieval score can come of
+    the held-out ones. The job failed after training; now it fails first, saying why."""
+    from lead.splits import holdout_split
+
+    sf = scifact_small
+    train, _ = holdout_split(len(sf.corpus_ids), 0.2, 0)
+    in_training = {sf.corpus_ids[i] for i in train}
+    qrels = {
+        qid: {doc: grade for doc, grade in docs.items() if doc in in_training}
+        for qid, docs in sf.qrels.items()
+    }
+    body = dataset_bytes(
+        sf.corpus["minilm"],
+        sf.corpus["mpnet"],
+        metadata={
+            "query_ids": json.dumps(sf.query_ids),
+            "corpus_ids": json.dumps(sf.corpus_ids),
+            "qrels": json.dumps(qrels),
+        },
+        source_queries=sf.queries["minilm"],
+        target_queries=sf.queries["mpnet"],
+    )
+    dataset = upload(jobs, body)  # valid: queries are judged, on some documents
+    r = jobs.post(
+        "/v1/jobs", json={"source_model": MINILM, "target_model": MPNET, "dataset": dataset["id"]}
+    )
+    assert r.status_code == 202, r.text
+    job = wait_job(jobs, r.json()["id"])
+    assert job["status"] == "failed" and job["error"]["code"] == "invalid_input", job
+    assert "among the 80 held-out documents" in job["error"]["message"]
+    assert job["progress"]["stage"] == "loading"  # before training

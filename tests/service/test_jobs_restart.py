@@ -237,3 +237,38 @@ def test_readyz_waits_for_the_job_stitches_served_before_a_restart(
         assert "trained" in seen or "minilm-to-mpnet" in seen  # it was loading at first
     finally:
         restarted.__exit__(None, None, None)
+
+
+def test_a_sigterm_to_the_process_group_leaves_the_job_to_the_server(
+    tmp_path: Path, scifact_small: Any
+) -> None:
+    """systemd's default KillMode sends SIGTERM to every process of the service: the
+    training process died of it first, and its job was failed for good as a crash (an
+    adversarial pass). It now ignores SIGTERM; the server's shutdown queues the job again,
+    and after the restart it trains to the end."""
+    import os
+    import signal
+
+    data_dir = tmp_path / "data"
+    short = {**SLOW_MLP, "max_epochs": 100}
+    first = make_jobs_client(data_dir)
+    try:
+        dataset = upload(first, scifact_dataset(scifact_small))["id"]
+        body = {"source_model": MINILM, "target_model": MPNET, "dataset": dataset}
+        r = first.post("/v1/jobs", json={**body, "method": "mlp", "options": short})
+        job = wait_job(first, r.json()["id"], until=_training)
+        runner = first.app.state.jobs.runner  # type: ignore[attr-defined]
+        workers = runner.worker_pids()
+        for pid in workers:
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(2.0)  # the supervisor polls its workers meanwhile
+        still = first.get(f"/v1/jobs/{job['id']}").json()
+        assert still["status"] == "running", still  # was failed, worker_crashed (code -15)
+    finally:
+        first.__exit__(None, None, None)  # the server's own shutdown
+    second = make_jobs_client(data_dir)
+    try:
+        again = wait_job(second, job["id"], timeout=120)
+        assert (again["status"], again["attempts"]) == ("succeeded", 2), again
+    finally:
+        second.__exit__(None, None, None)

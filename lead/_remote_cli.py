@@ -116,7 +116,15 @@ def _wait(client: LeadClient, job_id: str, interval: float, timeout: float | Non
             if bar is not None:
                 bar.close()
             stage = progress["stage"]
-            bar = tqdm(total=progress["total"], desc=f"{job['id']} {stage}", file=sys.stderr)
+            # opened at the step already reached (a job seen first when done shows 1/1, not
+            # 0% then a jump), and without a rate: polls say nothing of the job's speed
+            bar = tqdm(
+                total=progress["total"],
+                initial=min(progress["step"], progress["total"]),
+                desc=f"{job['id']} {stage}",
+                file=sys.stderr,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+            )
         if bar is not None:
             bar.total = progress["total"] or bar.total  # lowered when training stops early
             bar.n = min(progress["step"], bar.total)

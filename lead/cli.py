@@ -362,6 +362,11 @@ def _fit(args: argparse.Namespace) -> int:
         )
     save_stitch(stitch, args.out, dtype=args.save_dtype, overwrite=args.force)
     print(json.dumps(stitch.info.scorecard, indent=2))
+    if not len(test):  # the bare "null" above said nothing of why
+        sys.stderr.write(
+            f"note: nothing was held out (--holdout 0), so the stitch in {args.out} has no "
+            "scorecard; `lead score` scores it on pairs it was not fitted on\n"
+        )
     _warn_below_baseline(stitch.info.scorecard)
     return 0
 

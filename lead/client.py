@@ -268,8 +268,19 @@ _Scored = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
 def _naming(
     stitch: str | None, source_model: str | None, target_model: str | None
 ) -> dict[str, str]:
-    """The stitch by id, else the models (the server names what is missing)."""
+    """The stitch by id, else the models (the server names what is missing).
+
+    Raises
+    ------
+    InvalidInputError
+        Both a stitch and a model: the models were dropped without a word (the server
+        refuses the same request).
+    """
     models = {"source_model": source_model, "target_model": target_model}
+    if stitch is not None and (source_model is not None or target_model is not None):
+        raise le.InvalidInputError(
+            "give either stitch or source_model + target_model, not both", param="stitch"
+        )
     naming = {"stitch": stitch} if stitch is not None else models
     return {key: value for key, value in naming.items() if value is not None}
 
@@ -649,7 +660,11 @@ class LeadClient:
             )
         folder = Path(folder)
         if is_occupied(folder) and not (force and is_replaceable(folder)):
-            hint = "; pass force=True (--force) to replace the stitch in it" if not force else ""
+            hint = (
+                "; pass --force (force=True from Python) to replace the stitch in it"
+                if not force
+                else ""
+            )
             raise le.InvalidInputError(
                 f"refusing to download into {folder}: it exists and is not an empty folder"
                 + (" or a stitch folder" if force else "")
@@ -919,6 +934,12 @@ class LeadClient:
         body: dict[str, Any] = {"folds": folds, "seed": seed}
         if dataset is not None:
             body["dataset"] = dataset
-        if source is not None or target is not None:
+        if (source is None) != (target is None):
+            missing = "target" if target is None else "source"
+            raise le.InvalidInputError(
+                f"align needs source and target vectors together: {missing} is missing",
+                param=missing,
+            )
+        if source is not None:
             body["source"], body["target"] = encode_base64(source), encode_base64(target)
         return dict(self._request("POST", "/v1/align", json=body))

@@ -90,7 +90,12 @@ class EmbeddingReader:
         self.spec = str(spec)
         self.path, self.tensor = parse_spec(spec)
         if not self.path.is_file():
-            raise InvalidInputError(f"no such file: {self.path}", param=self.spec)
+            message = (
+                f"{self.path} is not a regular file (a folder, a device or a pipe)"
+                if self.path.exists()
+                else f"no such file: {self.path}"
+            )
+            raise InvalidInputError(message, param=self.spec)
         suffix = self.path.suffix.lower()
         if suffix not in SUFFIXES:
             raise InvalidInputError(
@@ -114,11 +119,28 @@ class EmbeddingReader:
 
     def _npy(self) -> np.ndarray:
         try:
-            array: np.ndarray = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            with open(self.path, "rb") as handle:
+                magic = handle.read(len(np.lib.format.MAGIC_PREFIX))
+            # without the magic string np.load would take the file for a pickle, and say so
+            npy = magic == np.lib.format.MAGIC_PREFIX
+            array: np.ndarray | None = (
+                np.load(self.path, mmap_mode="r", allow_pickle=False) if npy else None
+            )
         except (ValueError, OSError, EOFError) as error:
+            reason = (
+                "it holds Python objects (pickled), which LEAD never loads; save a numeric array"
+                if "allow_pickle" in str(error) or "Python objects" in str(error)
+                else str(error)
+            )
             raise DecodeError(
-                f"cannot read {self.path} as .npy: {error}", param=self.spec
+                f"cannot read {self.path} as .npy: {reason}", param=self.spec
             ) from None
+        if array is None:
+            raise DecodeError(
+                f"cannot read {self.path} as .npy: it does not start with the .npy magic "
+                "string (write it with numpy.save)",
+                param=self.spec,
+            )
         if array.dtype.kind not in "iuf":
             raise DecodeError(f"{self.path} holds {array.dtype}, not numbers", param=self.spec)
         return array

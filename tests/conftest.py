@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+#: The real data: ``$LEAD_SHARED_DATA`` (as for ``bench/``), else ``../shared/data``.
+SHARED_DATA = Path(os.environ.get("LEAD_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,13 @@ def scifact_small() -> SciFactSmall:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``../shared/data``; tests that need it are skipped with a reason when it is absent."""
+    """The real data (:data:`SHARED_DATA`); tests that need it are skipped with a reason
+    when it is absent."""
     if not (SHARED_DATA / "scifact" / "embeddings").is_dir():
-        pytest.skip(f"needs the real data at {SHARED_DATA} (absent in a plain clone)")
+        pytest.skip(
+            f"needs the real data at {SHARED_DATA} (absent in a plain clone; set "
+            "LEAD_SHARED_DATA to another folder)"
+        )
     return SHARED_DATA
 
 

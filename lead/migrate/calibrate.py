@@ -108,8 +108,8 @@ def _check_out(out: Path, force: bool) -> None:
         return
     if not force:
         raise ConflictError(
-            f"{out} exists already and is not empty; pass force=True (--force) to replace a "
-            "stitch there, or choose another folder",
+            f"{out} exists already and is not empty; pass --force (force=True from Python) "
+            "to replace a stitch there, or choose another folder",
             param="out",
         )
     if not (out.is_dir() and (out / CONFIG_FILE).is_file()):
@@ -211,7 +211,14 @@ def run_calibrate(
     if holdout >= 1.0:
         raise InvalidInputError("holdout must be below 1", param="holdout")
     fewest = min_pairs(holdout)
-    sample = check_int_option(sample, "sample", minimum=fewest)
+    sample = check_int_option(sample, "sample", minimum=1)
+    if sample < fewest:  # "sample must be >= 3500" named a setting the user never gave
+        raise InvalidInputError(
+            f"a holdout of {holdout:g} needs a sample of at least {fewest} pairs (enough to "
+            f"fit on what is not held out), got sample {sample}: lower --holdout or raise "
+            "--sample",
+            param="sample",
+        )
     seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
     out = Path(out)
     _check_out(out, force)

@@ -91,7 +91,7 @@ def check_embed_args(
         raise InvalidInputError(f"{path} is a folder; save_native is a file", param="save_native")
     if path.exists() and not force:
         raise ConflictError(
-            f"{path} exists already; pass force=True (--force) to replace it",
+            f"{path} exists already; pass --force (force=True from Python) to replace it",
             param="save_native",
         )
     return path

@@ -535,6 +535,12 @@ def test_fit_without_confidence_or_with_too_few_held_out_rows(
     }
     for name, reason in reasons.items():
         assert load_stitch(tmp_path / name).info.fit["no_confidence"] == reason
+    # nothing held out: the scorecard is null, and a note says why (it printed "null" alone)
+    capsys.readouterr()
+    assert main(_fit_args(tmp_path / "all", "--holdout", "0")) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "null" and "note: nothing was held out (--holdout 0)" in err
+    assert load_stitch(tmp_path / "all").info.scorecard is None
 
 
 def test_translate_writes_confidences_beside_the_same_vectors(

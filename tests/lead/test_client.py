@@ -299,8 +299,10 @@ def test_cli_datasets_jobs_align(cli: Any, pairs_file: Path) -> None:
     assert status == 0 and listed["data"][0]["id"] == job["id"]
     status, again, _ = cli("jobs", "get", job["id"])
     assert status == 0 and again == job
-    status, waited, _ = cli("jobs", "wait", job["id"], "--interval", "0.05")
+    status, waited, err = cli("jobs", "wait", job["id"], "--interval", "0.05")
     assert status == 0 and waited["status"] == "succeeded"
+    # a job seen first when done: its bar opens at 1/1, with no rate from the polls
+    assert "100%" in err and "1/1" in err and " 0%" not in err and "it/s" not in err, err
     status, _, err = cli("jobs", "cancel", job["id"])
     assert status == 2 and "already finished" in err
     status, scores, _ = cli("align", "--dataset", dataset["id"], "--folds", "2")
@@ -531,6 +533,12 @@ def test_bad_arguments_are_lead_errors_before_anything_is_sent(
         (lambda: LeadClient("http://"), InvalidInputError, "it has no host"),
         (lambda: LeadClient("ftp://host"), InvalidInputError, "http:// or https://"),
         (lambda: LeadClient("http://h", api_key=5), InvalidInputError, "API key must be a str"),
+        # the models were dropped without a word, and a missing target read as bad vectors
+        (lambda: lead.translate(X, stitch="minilm-to-pml3", source_model=MINILM),
+         InvalidInputError, "either stitch or source_model"),
+        (lambda: lead.translate_with_confidence(X, stitch="x", target_model=MPNET),
+         InvalidInputError, "either stitch or source_model"),
+        (lambda: lead.align(source=X), InvalidInputError, "target is missing"),
     ]  # fmt: skip
     for call, error, message in calls:
         with pytest.raises(error, match=message):

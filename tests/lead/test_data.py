@@ -141,6 +141,15 @@ def test_every_real_embedding_passes_check_embeddings(shared_data: Path) -> None
 def test_reader_errors(tmp_path: Path, arrays: dict) -> None:
     with pytest.raises(InvalidInputError, match="no such file"):
         EmbeddingReader(tmp_path / "missing.npy")
+    with pytest.raises(InvalidInputError, match="/dev/null is not a regular file"):
+        EmbeddingReader("/dev/null")  # it was "no such file"
+    (tmp_path / "junk.npy").write_bytes(b"hello")  # np.load takes it for a pickle
+    with pytest.raises(DecodeError, match=r"does not start with the \.npy magic") as junk:
+        EmbeddingReader(tmp_path / "junk.npy")
+    assert "allow_pickle" not in str(junk.value)
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DecodeError, match="Python objects \\(pickled\\), which LEAD never"):
+        EmbeddingReader(tmp_path / "objects.npy")
     with pytest.raises(InvalidInputError, match="name one"):
         EmbeddingReader(tmp_path / "two.safetensors")
     with pytest.raises(InvalidInputError, match="no tensor 'docs'"):

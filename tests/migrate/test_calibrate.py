@@ -166,6 +166,10 @@ def test_bad_arguments_are_refused_before_any_work(minilm_table, scifact_small, 
         run_calibrate(minilm_table, native, tmp_path / "s", method="magic")
     with pytest.raises(InvalidInputError, match="sample"):
         run_calibrate(minilm_table, native, tmp_path / "s", sample=5)
+    # a holdout that leaves too few to fit on names the holdout (it said "sample must be
+    # >= 3500", of a --sample never given)
+    with pytest.raises(InvalidInputError, match=r"a holdout of 0\.999 needs a sample of at least"):
+        run_calibrate(minilm_table, native, tmp_path / "s", holdout=0.999)
     with pytest.raises(InvalidInputError, match="must be a number"):
         check_thresholds({"min_top1": True})
     for name in ("min_top1", "min_r2", "min_mean_cosine"):  # could never pass

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import torch
 from fastapi import Depends, FastAPI
@@ -27,7 +28,7 @@ from service.batcher import MicroBatcher
 from service.deps import refuse_repeated_query
 from service.errors import InternalErrorMiddleware, install_error_handlers
 from service.event_loop import watch_requests
-from service.jobs.manager import JobManager
+from service.jobs.manager import JobManager, follows_jobs
 from service.limits import BodyLimitMiddleware, ConcurrencyLimiter, VectorLimit
 from service.loader import configured_refs, load_stitches, resolve_device
 from service.observability import Metrics, RequestContextMiddleware, configure_logging
@@ -125,10 +126,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             loader.start()
         else:
             await run_in_threadpool(load_stitches, registry, refs)
-        jobs = JobManager(settings, registry) if settings.enable_jobs else None
+        jobs = JobManager(settings, registry) if follows_jobs(settings) else None
         if jobs is not None:
-            await run_in_threadpool(jobs.start)
-            app.state.jobs = jobs
+            # a translation-only replica serves what the others train, and runs no job
+            await run_in_threadpool(partial(jobs.start, run_jobs=settings.enable_jobs))
+            if settings.enable_jobs:
+                app.state.jobs = jobs
         gc.freeze()  # the start-up's objects (see service.loader): the collector skips them
         try:
             yield

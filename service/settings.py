@@ -267,7 +267,9 @@ class Settings(BaseSettings):
     enable_jobs: bool = Field(
         default=True,
         description="Run training jobs here (false on translation-only replicas: the jobs, "
-        "datasets and align routes then answer 503).",
+        "datasets and align routes then answer 503). A translation-only replica that shares "
+        "a job store (`database_url`, or a `data_dir` holding one) still serves and follows "
+        "the stitches the other replicas train.",
     )
     data_dir: Path = Field(
         default=Path(".lead-data"),

@@ -52,6 +52,7 @@ from service.jobs.datasets import (
 from service.jobs.layout import DataLayout
 from service.jobs.process_runner import ProcessRunner
 from service.jobs.ray_runner import RayRunner
+from service.jobs.records import StitchState
 from service.jobs.runner import Runner
 from service.jobs.schemas import AlignRequest, JobCreate, PairsInput
 from service.jobs.stitch_store import StitchStore, open_stitch_store
@@ -61,7 +62,7 @@ from service.jobs.worker import WorkerConfig
 from service.registry import StitchRegistry
 from service.settings import Settings
 
-__all__ = ["JobManager", "request_hash"]
+__all__ = ["JobManager", "follows_jobs", "request_hash"]
 
 logger = logging.getLogger("lead.jobs")
 
@@ -77,6 +78,15 @@ def request_hash(fields: dict[str, Any], arrays: tuple[np.ndarray, ...] = ()) ->
         digest.update(repr(array.shape).encode("ascii"))
         digest.update(np.ascontiguousarray(array, dtype="<f4").data)
     return digest.hexdigest()
+
+
+def follows_jobs(settings: Settings) -> bool:
+    """Whether a server opens a job store: it runs jobs (``enable_jobs``), or it only
+    translates but shares a job store with replicas that train (``database_url``, or the
+    SQLite file of a ``data_dir`` that holds one), whose stitches it then serves too."""
+    if settings.enable_jobs or settings.database_url is not None:
+        return True
+    return DataLayout(Path(settings.data_dir).expanduser().resolve()).db.is_file()
 
 
 #: Parameter names of lead.alignment_scores → fields of POST /v1/align.
@@ -167,7 +177,7 @@ class JobManager:
         return self._stitches
 
     # -------------------------------------------------------------- life cycle
-    def start(self) -> None:
+    def start(self, *, run_jobs: bool = True) -> None:
         """Open the stores, settle jobs left by dead servers, serve the published stitches,
         start the runner and the stitch watcher.
 
@@ -176,14 +186,22 @@ class JobManager:
         last attempt (:meth:`JobStore.reap`). Published stitches are served again, oldest
         job first, except those whose job decided not to serve them (below the baseline)
         and deleted ones (a folder that survived a crash during the deletion is removed).
+
+        Without ``run_jobs`` (a translation-only replica, ``LEAD_ENABLE_JOBS=false``) only
+        the stitches the other replicas trained are served and followed: nothing in the
+        stores is changed and no runner starts.
         """
         settings = self.settings
         self.layout.prepare()
-        self.layout.clean_leftovers()
+        if run_jobs:
+            self.layout.clean_leftovers()
         database = settings.database_url
         self._store = JobStore(self.layout.db if database is None else database.get_secret_value())
         token = None if settings.hf_token is None else settings.hf_token.get_secret_value()
         self._stitches = open_stitch_store(settings.stitch_store, self.layout.root, token)
+        if not run_jobs:
+            self._watch(self.store.succeeded_stitches())
+            return
         self.store.reap(settings.job_max_attempts)
         known = self.store.data_paths()
         for path in [*self.layout.datasets.iterdir(), *self.layout.job_data.iterdir()]:
@@ -195,16 +213,22 @@ class JobManager:
             if state.deleted and self.stitches.exists(stitch_id):  # stopped while deleting
                 logger.warning("removing stitch %s: it was deleted", stitch_id)
                 self.stitches.delete(stitch_id)
-        if self.registry is not None:
-            self.registry.await_stitches(StitchWatcher.wanted(published), at_start=True)
-            self.watcher = StitchWatcher(
-                self.store, self.stitches, self.registry, settings.stitch_poll_seconds
-            )
-            self.watcher.sync()
-            self.watcher.start()
+        self._watch(published)
         if self.runner is None:
             self.runner = self._new_runner(token)
         self.runner.start()
+
+    def _watch(self, published: dict[str, StitchState]) -> None:
+        """Serve the ``published`` stitches (:meth:`JobStore.succeeded_stitches`) and start
+        the watcher that follows the job store (nothing without a registry)."""
+        if self.registry is None:
+            return
+        self.registry.await_stitches(StitchWatcher.wanted(published), at_start=True)
+        self.watcher = StitchWatcher(
+            self.store, self.stitches, self.registry, self.settings.stitch_poll_seconds
+        )
+        self.watcher.sync()
+        self.watcher.start()
 
     def _new_runner(self, token: str | None) -> Runner:
         settings = self.settings

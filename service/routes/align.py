@@ -15,13 +15,14 @@ from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from service.deps import AlignLimiterDep, SettingsDep, require_json
-from service.jobs.deps import JobsDep
+from service.jobs.deps import JobsDep, get_jobs
 from service.jobs.schemas import AlignRequest, AlignResponse, job_error_responses
 from service.json_body import json_body, json_request_body
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["align"])
+# the feature first: a translation-only replica answers 503, not a check of the body
+router = APIRouter(tags=["align"], dependencies=[Depends(get_jobs)])
 
 
 @router.post(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 from starlette.datastructures import FormData, UploadFile
 
@@ -20,12 +20,13 @@ from lead._options import name_problem
 from lead.errors import InvalidInputError, LimitExceededError, UnsupportedMediaTypeError
 from service.deps import body_error, media_type
 from service.jobs.datasets import METADATA_LIMIT
-from service.jobs.deps import JobsDep
+from service.jobs.deps import JobsDep, get_jobs
 from service.jobs.schemas import DatasetList, DatasetOut, job_error_responses
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["datasets"])
+# the feature first: a translation-only replica answers 503, not a check of the body
+router = APIRouter(tags=["datasets"], dependencies=[Depends(get_jobs)])
 
 _RAW_TYPES = ("application/octet-stream", "application/x-safetensors")
 _CHUNK = 1 << 20

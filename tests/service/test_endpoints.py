@@ -176,7 +176,7 @@ def test_every_jobs_route_of_a_replica_without_jobs_is_a_documented_503(
     client = make_client(enable_jobs=False)
     schema = client.get("/openapi.json").json()
     calls = {
-        ("post", "/v1/jobs"): {"json": {"source_model": "a", "target_model": "b", "dataset": "d"}},
+        ("post", "/v1/jobs"): {"json": {}},  # the feature before the body: not a 422
         ("get", "/v1/jobs"): {},
         ("get", "/v1/jobs/{job_id}"): {},
         ("post", "/v1/jobs/{job_id}/cancel"): {},
@@ -184,7 +184,7 @@ def test_every_jobs_route_of_a_replica_without_jobs_is_a_documented_503(
         ("get", "/v1/datasets"): {},
         ("get", "/v1/datasets/{dataset_id}"): {},
         ("delete", "/v1/datasets/{dataset_id}"): {},
-        ("post", "/v1/align"): {"json": {"dataset": "d"}},
+        ("post", "/v1/align"): {"json": {}},
     }
     documented = {
         (method, path)

@@ -265,3 +265,54 @@ def test_configured_stitches_load_before_job_stitches_bind_a_model(
     b.registry.finish_loading()
     assert b.watcher.sync().failed == ["squatter"]
     assert [e.id for e in b.registry.entries()] == ["configured"]
+
+
+def test_a_translation_only_replica_serves_the_stitches_the_others_train(
+    make_client: Callable[..., Any], tmp_path: Path, fitted: Any, x: torch.Tensor
+) -> None:
+    """LEAD_ENABLE_JOBS=false on a replica sharing the job store: it registered no trained
+    stitch at all (the watcher lived with the job runner), so translating with one was a
+    404 there and 200 on the training replica. Now it serves and follows them, and runs
+    nothing: a queued job stays queued."""
+    data = tmp_path / "data"
+    data.mkdir()
+    jobs = JobStore(data / "lead.sqlite3")  # the training replica's view (default layout)
+    shared = FolderStore(data / "stitches")
+    try:
+        publish(jobs, shared, "s1", fitted.folder(STITCH))
+        client = make_client(enable_jobs=False, data_dir=str(data), stitch_poll_seconds=0.05)
+
+        def served() -> set[str]:
+            return {s["id"] for s in client.get("/v1/stitches").json()["data"]}
+
+        assert "s1" in served()  # at start-up
+        publish(jobs, shared, "s2", fitted.folder(STITCH))
+        deadline = time.monotonic() + 5.0
+        while "s2" not in served():
+            assert time.monotonic() < deadline, "s2 was not served within 5 s"
+            time.sleep(0.05)
+        r = client.post("/v1/translate", json={"stitch": "s2", "input": x.tolist()})
+        assert r.status_code == 200, r.text
+        with torch.inference_mode():
+            want = load_stitch(fitted.folder(STITCH))(x).numpy()
+        got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
+        assert np.array_equal(got, want)
+
+        queued = jobs.create_job(
+            job_id=new_id("job"),
+            request={"source_model": "a", "target_model": "b"},
+            data_path="job-data/q.safetensors",
+            dataset_id=None,
+            pairs=400,
+            stitch_id="q",
+        )
+        jobs.mark_stitch_deleted("s1")
+        shared.delete("s1")
+        deadline = time.monotonic() + 5.0
+        while "s1" in served():
+            assert time.monotonic() < deadline, "s1 was still served 5 s after its deletion"
+            time.sleep(0.05)
+        assert jobs.get_job(queued.id).status == "queued"  # no runner here
+        assert client.post("/v1/jobs", json={}).status_code == 503
+    finally:
+        jobs.close()

@@ -37,6 +37,18 @@ class Replica:
             return self.registry.get(stitch_id).stitch(x)
 
 
+def queue(jobs: JobStore, stitch_id: str) -> Any:
+    """A queued job that will train ``stitch_id`` (its JobRecord)."""
+    return jobs.create_job(
+        job_id=new_id("job"),
+        request={"source_model": "a", "target_model": "b"},
+        data_path=f"job-data/{stitch_id}.safetensors",
+        dataset_id=None,
+        pairs=400,
+        stitch_id=stitch_id,
+    )
+
+
 def publish(
     jobs: JobStore,
     stitches: StitchStore,
@@ -47,14 +59,7 @@ def publish(
 ) -> str:
     """What a replica does when a job trains ``stitch_id``: put its folder (None: no files
     in the store), store the outcome, mark the job succeeded. Returns the job id."""
-    job = jobs.create_job(
-        job_id=new_id("job"),
-        request={"source_model": "a", "target_model": "b"},
-        data_path=f"job-data/{stitch_id}.safetensors",
-        dataset_id=None,
-        pairs=400,
-        stitch_id=stitch_id,
-    )
+    job = queue(jobs, stitch_id)
     claimed = jobs.claim_next("replica", lease_s=60)
     assert claimed is not None and claimed.id == job.id
     if folder is not None:
@@ -174,14 +179,7 @@ def test_a_stitch_its_job_is_still_registering_is_kept(
     (found as a CI flake of tests/lead/test_client.py)."""
     shared = FolderStore(tmp_path / "shared-stitches")
     a = replicas(shared)
-    job = a.jobs.create_job(
-        job_id=new_id("job"),
-        request={"source_model": "a", "target_model": "b"},
-        data_path="job-data/pending.safetensors",
-        dataset_id=None,
-        pairs=400,
-        stitch_id="pending",
-    )
+    job = queue(a.jobs, "pending")
     assert a.jobs.claim_next("replica", lease_s=60) is not None
     shared.put("pending", fitted.folder(STITCH))
     assert a.jobs.set_outcome(job.id, scorecard={}, result={"served": True}, owner="replica")
@@ -298,14 +296,7 @@ def test_a_translation_only_replica_serves_the_stitches_the_others_train(
         got = np.array([row["embedding"] for row in r.json()["data"]], dtype=np.float32)
         assert np.array_equal(got, want)
 
-        queued = jobs.create_job(
-            job_id=new_id("job"),
-            request={"source_model": "a", "target_model": "b"},
-            data_path="job-data/q.safetensors",
-            dataset_id=None,
-            pairs=400,
-            stitch_id="q",
-        )
+        queued = queue(jobs, "q")
         jobs.mark_stitch_deleted("s1")
         shared.delete("s1")
         deadline = time.monotonic() + 5.0

@@ -428,23 +428,21 @@ def _build(config: dict[str, Any]) -> Stitch:
 
 
 def _check_parameter_types(cls: type[Stitch], config: dict[str, Any]) -> None:
-    """Each architecture parameter of the kind its default has: a boolean for a boolean, an
-    integer for an integer, a number (not a boolean) for a float. ``"scaling": "false"``
-    loaded as true, and ``"max_log_scale": true`` as 1.0 (outputs off by 7.5e-4)."""
+    """Each architecture parameter of the kind its default has: a boolean for a boolean, a
+    number (not a boolean) for a number. ``"scaling": "false"`` loaded as true, and
+    ``"max_log_scale": true`` as 1.0 (outputs off by 7.5e-4)."""
     parameters = inspect.signature(cls.__init__).parameters
     for key in (*cls.config_keys, *(k for k in cls.optional_config_keys if k in config)):
         default = parameters[key].default if key in parameters else None
         value = config[key]
         if isinstance(default, bool):
-            ok, kind = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):  # a size or a count: 16.5 failed deep in torch
-            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif isinstance(default, float):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int | float):
             ok = isinstance(value, int | float) and not isinstance(value, bool)
-            kind = "a number"
         else:
             continue
         if not ok:
+            kind = "true or false" if isinstance(default, bool) else "a number"
             raise StitchFormatError(f"config {key} must be {kind}, got {value!r:.80}")
 
 

@@ -561,10 +561,16 @@ class MLPStitch(Stitch):
         self, d_src: int, d_tgt: int, *, hidden_dim: int = 512, depth: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(d_src, d_tgt, **kwargs)
-        if hidden_dim < 1 or not 1 <= depth <= MAX_LAYERS:
+        # a hidden_dim of 16.5 reached torch ("empty(): argument 'size' ... float")
+        if (
+            hidden_dim < 1
+            or not 1 <= depth <= MAX_LAYERS
+            or int(hidden_dim) != hidden_dim
+            or int(depth) != depth
+        ):
             raise ShapeMismatchError(
-                f"hidden_dim must be positive and depth in [1, {MAX_LAYERS}], got {hidden_dim}, "
-                f"{depth}",
+                f"hidden_dim must be a positive integer and depth in [1, {MAX_LAYERS}] an "
+                f"integer, got {hidden_dim}, {depth}",
                 expected=">= 1",
                 got=(hidden_dim, depth),
             )
@@ -573,9 +579,9 @@ class MLPStitch(Stitch):
         self.weight = nn.Parameter(torch.zeros(d_tgt, d_src))
         layers: list[nn.Module] = []
         width = d_src
-        for _ in range(depth):
-            layers += [nn.Linear(width, hidden_dim), nn.GELU()]
-            width = hidden_dim
+        for _ in range(self.depth):
+            layers += [nn.Linear(width, self.hidden_dim), nn.GELU()]
+            width = self.hidden_dim
         last = nn.Linear(width, d_tgt)
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)

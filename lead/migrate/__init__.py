@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lead.migrate.apply import ApplyResult, run_apply
+from lead.migrate.apply import ApplyResult, column_name, run_apply
 from lead.migrate.calibrate import CalibrateResult
 from lead.migrate.calibrate import run_calibrate as calibrate
 from lead.migrate.plan import PlanResult, run_plan
@@ -127,7 +127,7 @@ def apply(
                 normalize=normalize,
                 skip_null=skip_null,
                 allow_no_go=allow_no_go,
-                column=_column_name(src),
+                column=column_name(src),
                 progress=progress,
                 confidence_column=confidence_column,
             )
@@ -170,7 +170,7 @@ def plan(
                 skip_null=skip_null,
                 output_type=output_type,
                 check=check,
-                column=_column_name(src),
+                column=column_name(src),
             )
     finally:
         if isinstance(stitch, str | Path):
@@ -239,7 +239,3 @@ def verify(
         target_train_mean=stitch_target_mean(folder) if folder is not None else None,
         stitch=folder if source is not None else None,
     )
-
-
-def _column_name(source: Any) -> str:
-    return str(getattr(source, "name", None) or getattr(source, "column", None) or source.info.uri)

@@ -91,6 +91,12 @@ def check_go(translator: Translator, *, allow_no_go: bool) -> None:
     )
 
 
+def column_name(source: Source) -> str:
+    """How messages name ``source``'s vectors: its table or collection and column, its
+    Parquet column, or (a ``.npy`` or ``.safetensors`` matrix) its file."""
+    return str(getattr(source, "name", None) or getattr(source, "column", None) or source.info.uri)
+
+
 def check_dims(source: Source, translator: Translator, column: str) -> None:
     """Refuse a source whose dimension is not the stitch's input dimension.
 
@@ -104,8 +110,9 @@ def check_dims(source: Source, translator: Translator, column: str) -> None:
     if info.dim == 0 and info.rows == (info.null_rows or 0):
         return  # no vector to tell the dimension (an empty Parquet file): nothing to translate
     if info.dim != ref.d_in:
+        where = info.uri if column == info.uri else f"{column} of {info.uri}"
         raise ShapeMismatchError(
-            f"{column} of {info.uri} has dimension {info.dim}, but stitch "
+            f"{where} has dimension {info.dim}, but stitch "
             f"{ref.name} ({ref.source_model} -> {ref.target_model}) expects {ref.d_in}",
             expected=ref.d_in,
             got=info.dim,

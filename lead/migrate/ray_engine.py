@@ -55,6 +55,7 @@ from lead.migrate.apply import (
     check_finished_rows,
     check_go,
     check_written_rows,
+    column_name,
     migration_spec,
 )
 from lead.migrate.files import ParquetSource
@@ -298,7 +299,7 @@ def run_apply_ray(
             raise unsupported("source", src.info.uri)
         if not isinstance(tgt, ParquetTarget | PgVectorTarget):
             raise unsupported("target", tgt.uri)
-        column = str(getattr(src, "name", None) or getattr(src, "column", None) or src.info.uri)
+        column = column_name(src)
         check_go(translator, allow_no_go=allow_no_go)
         check_dims(src, translator, column)
         src.check(skip_null=skip_null, zero_rows=translator.ref.unit_input)

@@ -19,6 +19,7 @@ from lead.errors import (
     ConflictError,
     DecodeError,
     InvalidInputError,
+    ShapeMismatchError,
     ZeroVectorError,
 )
 from lead.migrate.apply import migration_spec
@@ -589,3 +590,22 @@ def test_a_null_value_inside_a_vector_is_named_as_such(tmp_path, scifact_small, 
     with pytest.raises(InvalidInputError, match=r"id 4 in .* has a NULL value among its numbers"):
         _apply(str(tmp_path / "holes.parquet"), tmp_path / "out", minilm_to_mpnet)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_source_of_another_dimension_is_named_once(
+    tmp_path, scifact_small, minilm_to_mpnet, capsys
+):
+    """A .npy of another dimension read "x.npy of x.npy has dimension 768" (an adversarial
+    pass); a Parquet source names its column and its file."""
+    mpnet = scifact_small.corpus["mpnet"][:10]
+    np.save(tmp_path / "x.npy", mpnet)
+    npy = str(tmp_path / "x.npy")
+    with pytest.raises(ShapeMismatchError) as raised:
+        _apply(npy, tmp_path / "out", minilm_to_mpnet)
+    assert raised.value.message.startswith(f"{npy} has dimension 768, but stitch {STITCH}")
+    parquet = write_parquet(tmp_path / "x.parquet", np.arange(10), mpnet)
+    with pytest.raises(ShapeMismatchError, match=r"^emb of .*x\.parquet.* has dimension 768"):
+        _apply(parquet, tmp_path / "out", minilm_to_mpnet)
+    assert not (tmp_path / "out").exists()
+    main(["migrate", "plan", npy, "--stitch", STITCH])
+    assert f"{npy} has dimension 768," in capsys.readouterr().out

@@ -25,6 +25,7 @@ __all__ = [
     "check_int_option",
     "fraction_argument",
     "name_problem",
+    "open_fraction_argument",
     "parse_option_items",
     "seconds_argument",
     "seed_argument",
@@ -149,6 +150,18 @@ def fraction_argument(text: str) -> float:
         Shown by argparse as a usage error.
     """
     return _float_argument(text, "a number", lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def open_fraction_argument(text: str) -> float:
+    """The ``type`` of ``lead jobs submit --holdout``: a finite number in (0, 1), as the
+    service takes it.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Shown by argparse as a usage error.
+    """
+    return _float_argument(text, "a number", lambda v: 0 < v < 1, "in (0, 1)")
 
 
 def _shown(value: Any) -> Any:

@@ -32,7 +32,7 @@ import httpx
 
 from lead._options import (
     FIT_METHODS_HELP,
-    fraction_argument,
+    open_fraction_argument,
     parse_option_items,
     seconds_argument,
     seed_argument,
@@ -313,7 +313,7 @@ def add_remote_commands(commands: Any) -> None:
     )
     submit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument(
-        "--holdout", type=fraction_argument, default=0.2, help="held-out share, in [0, 1)"
+        "--holdout", type=open_fraction_argument, default=0.2, help="held-out share, in (0, 1)"
     )
     submit.add_argument("--seed", type=seed_argument, default=0)
     submit.add_argument("--push-to-hub", metavar="ORG/NAME")

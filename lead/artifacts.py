@@ -135,6 +135,8 @@ def is_occupied(folder: Path) -> bool:
 
 
 def _exists(folder: Path) -> ConflictError:
+    if folder.exists() and not folder.is_dir():
+        return ConflictError(f"{folder} is a file, not a folder: choose a folder", param="folder")
     return ConflictError(
         f"{folder} exists already and is not empty; choose another folder, or allow "
         "replacing it (overwrite=True; lead fit --force)",

@@ -106,6 +106,8 @@ def _check_out(out: Path, force: bool) -> None:
     """Refuse ``out`` before any work as :func:`lead.artifacts.save_stitch` would after it."""
     if not out.exists() or (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
         return
+    if not out.is_dir():
+        raise ConflictError(f"{out} is a file, not a folder: choose a folder", param="out")
     if not force:
         raise ConflictError(
             f"{out} exists already and is not empty; pass --force (force=True from Python) "

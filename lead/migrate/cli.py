@@ -242,6 +242,7 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from lead._options import parse_option_items
+    from lead.confidence import NO_CONFIDENCE_KEY
     from lead.migrate.calibrate import run_calibrate
 
     if (args.native is None) == (args.embed is None):
@@ -274,6 +275,12 @@ def _calibrate(args: argparse.Namespace) -> int:
         save_native=args.save_native,
     )
     _print(_without_id_lists(result.as_dict()))
+    reason = result.fit.get(NO_CONFIDENCE_KEY)
+    if isinstance(reason, str):  # as lead fit says it: apply --confidence-column needs one
+        sys.stderr.write(
+            f"note: no confidence head ({reason}); give more native rows or raise "
+            "--holdout to get one\n"
+        )
     return 0 if result.passed else 1
 
 

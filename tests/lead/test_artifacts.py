@@ -180,6 +180,10 @@ def test_save_without_overwrite_keeps_an_existing_stitch(tmp_path: Path) -> None
     (tmp_path / "empty").mkdir()  # an empty folder is no stitch to lose
     save_stitch(_fitted("procrustes"), tmp_path / "empty", overwrite=False)
     assert load_stitch(tmp_path / "empty").architecture == "orthogonal"
+    (tmp_path / "afile").write_text("mine")  # it said "exists already and is not empty"
+    with pytest.raises(ConflictError, match="afile is a file, not a folder"):
+        save_stitch(_fitted("ridge"), tmp_path / "afile", overwrite=False)
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_save_without_overwrite_checks_again_when_it_renames(

@@ -380,6 +380,13 @@ def test_a_refused_submission_leaves_no_uploaded_dataset(
     )  # fmt: skip
     assert status == 2 and "unknown method 'ridgee'" in err
     assert len(lead.list_datasets(limit=100)["data"]) == before
+    # its help said [0, 1), as lead fit's: the service refused 0 after the upload
+    status, _, err = cli(
+        "jobs", "submit", "--source", f"{pairs_file}:source", "--target", f"{pairs_file}:target",
+        "--source-model", MINILM, "--target-model", MPNET, "--holdout", "0",
+    )  # fmt: skip
+    assert status == 2 and "--holdout" in err and "in (0, 1)" in err
+    assert len(lead.list_datasets(limit=100)["data"]) == before
 
 
 def test_cli_submit_allow_below_baseline(cli: Any, tmp_path: Path) -> None:

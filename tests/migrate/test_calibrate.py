@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lead.artifacts import load_stitch
+from lead.cli import main
 from lead.errors import (
     ConflictError,
     InvalidInputError,
@@ -90,7 +91,7 @@ def test_real_pairs_give_go_and_a_saved_stitch(minilm_table, scifact_small, tmp_
 
 
 def test_too_few_held_out_pairs_give_no_confidence_head_and_say_why(
-    minilm_table, scifact_small, tmp_path
+    minilm_table, scifact_small, tmp_path, capsys
 ):
     ids = doc_ids(scifact_small)[NATIVE_ROWS]
     native = write_parquet(
@@ -103,6 +104,13 @@ def test_too_few_held_out_pairs_give_no_confidence_head_and_say_why(
     stitch = load_stitch(tmp_path / "stitch")
     assert stitch.confidence_head is None
     assert stitch.info.fit["no_confidence"] == result.fit["no_confidence"]
+    # the command line says so where lead fit does (it was only in the printed record)
+    cli = str(tmp_path / "cli")
+    code = main(["migrate", "calibrate", minilm_table, native, "--stitch", cli, "--holdout", "0.1"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "note: no confidence head (a confidence head needs at least 50" in err
+    assert "give more native rows or raise --holdout" in err
 
 
 def test_shuffled_pairing_is_no_go(minilm_table, scifact_small, tmp_path):
@@ -156,6 +164,11 @@ def test_bad_arguments_are_refused_before_any_work(minilm_table, scifact_small, 
     with pytest.raises(InvalidInputError, match="not a stitch folder"):
         run_calibrate(minilm_table, native, taken, force=True)
     assert (taken / "notes.txt").read_text() == "mine"
+    (tmp_path / "afile").write_text("mine")  # was "exists already ...; pass --force"
+    for force in (False, True):
+        with pytest.raises(ConflictError, match="afile is a file, not a folder"):
+            run_calibrate(minilm_table, native, tmp_path / "afile", force=force)
+    assert (tmp_path / "afile").read_text() == "mine"
     with pytest.raises(InvalidInputError, match="unknown threshold"):
         run_calibrate(minilm_table, native, tmp_path / "s", thresholds={"min_ndcg": 0.5})
     # the source as its own native store: a map of the old model into itself passed

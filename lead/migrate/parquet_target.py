@@ -365,6 +365,13 @@ class ParquetTarget(Closing):
         return rows
 
     def finish(self, progress: Progress) -> None:
+        """Mark the migration done; a migration of no rows first writes one empty part
+        with the schema, so that the folder reads as a table of 0 rows (with no part,
+        ``migrate verify``, ``plan`` and Parquet readers found "no .parquet files")."""
+        if not any(self.path.glob("*.parquet")):
+            state = {"position": progress.position, "rows_written": 0}
+            self.write_part(f"part-{self.parts:06d}.parquet", state, [])
+            self.parts += 1
         _write_json(self.path / SUCCESS, {"rows": progress.rows_written})
 
     def fetch(self, ids: np.ndarray) -> np.ndarray:

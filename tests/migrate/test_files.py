@@ -411,7 +411,9 @@ def test_a_damaged_part_is_named(tmp_path, scifact_small, minilm_to_mpnet):
 
 def test_an_empty_source_migrates_to_an_empty_finished_target(tmp_path, minilm_to_mpnet):
     """An empty Parquet file was refused as "dimension 0" (its list column tells no
-    dimension), while an empty .npy finished: both finish now."""
+    dimension), while an empty .npy finished: both finish now, as a folder that reads as a
+    table of 0 rows (it held no part: "holds no .parquet files" to verify, plan and any
+    reader; an adversarial pass)."""
     empty = np.zeros((0, 384), dtype=np.float32)
     np.save(tmp_path / "empty.npy", empty)
     lists = pa.array([], pa.list_(pa.float32()))  # a list column: no fixed dimension
@@ -423,6 +425,9 @@ def test_an_empty_source_migrates_to_an_empty_finished_target(tmp_path, minilm_t
         assert (result.rows_written, result.rows_total) == (0, 0), name
         assert (tmp_path / name / "_SUCCESS").is_file()
         assert _apply(source, tmp_path / name, minilm_to_mpnet).already_done
+        assert pq.read_table(tmp_path / name).num_rows == 0
+        with open_source(str(tmp_path / name)) as written:
+            assert (written.info.rows, written.info.dim) == (0, 768)
 
 
 @pytest.mark.parametrize("kind", ["parquet", "npy"])

@@ -69,6 +69,16 @@ class StitchEntry:
     folder: Path | None = None
 
     @property
+    def commit(self) -> str | None:
+        """The Hub commit a Hub stitch's files came from, pinned or not: the name of the
+        Hugging Face cache snapshot it was loaded from (``.../snapshots/<commit>``, the
+        layout ``huggingface_hub.snapshot_download`` returns); None for any other stitch."""
+        folder = self.folder
+        if self.origin != "hub" or folder is None or folder.parent.name != "snapshots":
+            return None
+        return folder.name
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype the stitch runs in (see :func:`serving_copy`)."""
         return next(self.stitch.parameters()).dtype

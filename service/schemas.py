@@ -255,6 +255,12 @@ class StitchSummary(BaseModel):
     )
     origin: Literal["local", "hub", "job"]
     revision: str | None = Field(description="Pinned Hub revision, when the stitch came from one.")
+    commit: str | None = Field(
+        default=None,
+        description="The Hub commit a Hub stitch's files came from, pinned or not (a stitch "
+        "served as `org/name` follows the branch: this says which commit it loaded); null "
+        "for a local or job-trained stitch.",
+    )
     fit: dict[str, Any] = Field(
         description="`method`, `pairs` and `seed` of the fit (when recorded); the rest (data "
         "files, held-out split with its ids, options) in GET /v1/stitches/{id}."

@@ -101,6 +101,7 @@ def stitch_out(entry: StitchEntry) -> StitchOut:
         confidence=_confidence_report(stitch),
         origin=entry.origin,
         revision=entry.revision,
+        commit=entry.commit,
         fit=dict(info.fit),
         scorecard=info.scorecard,
     )

@@ -91,7 +91,7 @@ def test_list_and_get_stitches(client: Any, fitted: Any) -> None:
     assert stitch["architecture"] == "affine"
     assert stitch["normalize_output"] is True
     assert stitch["origin"] == "local"
-    assert stitch["revision"] is None
+    assert (stitch["revision"], stitch["commit"]) == (None, None)
     assert stitch["fit"]["method"] == "ridge"
     assert stitch["fit"]["pairs"] == 400
     assert "scorecard" in stitch

@@ -71,7 +71,11 @@ def test_hub_stitches_load_from_the_cache_offline(
         }
         assert stitch["target"]["dim"] == 768
         assert stitch["architecture"] == "affine"
-        assert client.get(f"/v1/stitches/{REPO}").json()["revision"] is None
+        assert stitch["commit"] == COMMIT
+        unpinned = client.get(f"/v1/stitches/{REPO}").json()
+        assert (unpinned["revision"], unpinned["commit"]) == (None, COMMIT)  # which main loaded
+        listed = {s["id"]: s for s in client.get("/v1/stitches").json()["data"]}
+        assert listed[REPO]["commit"] == COMMIT
 
         x = queries["minilm"][:5]
         r = client.post("/v1/translate", json={"stitch": pinned, "input": b64(x)})

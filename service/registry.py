@@ -9,7 +9,7 @@ output of the right shape.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -55,6 +55,9 @@ class Readiness:
     pending: list[str]
     failed: list[LoadFailure]
     loading: bool
+    #: Job-trained stitches whose last try to load failed; tried again, and they do not
+    #: make the server unready (one job's broken files must not take a replica out).
+    retrying: list[LoadFailure] = field(default_factory=list)
 
     @property
     def is_ready(self) -> bool:
@@ -79,7 +82,7 @@ class StitchRegistry:
         self._pending: set[str] = set()
         #: Job-trained stitches that this server will load (id → why the last try failed,
         #: or None): 503, not 404, until they are registered (see :meth:`await_stitches`).
-        self._awaited: dict[str, str | None] = {}
+        self._awaited: dict[str, LoadFailure | None] = {}
         #: Those of them found published at start-up and not tried yet: ``/readyz`` waits
         #: for each one's first try (a restarted server said ready, then answered 503 for
         #: the stitches it had served before; later ones never make a ready server unready).
@@ -110,11 +113,12 @@ class StitchRegistry:
                     if at_start:
                         self._at_start.add(stitch_id)
 
-    def await_failed(self, stitch_id: str, message: str) -> None:
-        """Record why an awaited stitch failed to load (it is tried again: still 503)."""
+    def await_failed(self, stitch_id: str, error: str, message: str) -> None:
+        """Record why an awaited stitch failed to load (``error``: the exception's type
+        name): it is tried again, still 503, and listed as retrying by :meth:`readiness`."""
         with self._lock:
             if stitch_id in self._awaited:
-                self._awaited[stitch_id] = message
+                self._awaited[stitch_id] = LoadFailure(stitch_id, error, message)
             self._at_start.discard(stitch_id)  # tried: no longer holds /readyz
 
     def stop_awaiting(self, keep: set[str]) -> None:
@@ -283,6 +287,7 @@ class StitchRegistry:
                 pending=sorted(self._pending | self._at_start),
                 failed=[self._failures[k] for k in sorted(self._failures)],
                 loading=self._loading,
+                retrying=[f for _, f in sorted(self._awaited.items()) if f is not None],
             )
 
     def get(self, stitch_id: str) -> StitchEntry:
@@ -308,7 +313,11 @@ class StitchRegistry:
             return NotReadyError(f"stitch {echo(stitch_id)} is still loading")
         if stitch_id in self._awaited:
             failed = self._awaited[stitch_id]
-            retry = "" if failed is None else f"; its last try failed ({failed}), tried again"
+            retry = (
+                ""
+                if failed is None
+                else f"; its last try failed ({failed.error}: {failed.message}), tried again"
+            )
             return NotReadyError(
                 f"stitch {echo(stitch_id)} (trained by a job) is still loading{retry}"
             )

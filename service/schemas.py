@@ -372,6 +372,13 @@ class ReadinessOut(BaseModel):
     ready: list[str]
     pending: list[str]
     failed: list[LoadFailureOut]
+    retrying: list[LoadFailureOut] = Field(
+        default_factory=list,
+        description="Stitches trained by a job whose files this server could not load on "
+        "its last try (why, in `error` and `message`). They are tried again, requests naming "
+        "them get 503 `not_ready` meanwhile, and they do not make the server unready: one "
+        "job's broken files do not take a replica out of service.",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -215,8 +215,9 @@ class StitchWatcher:
         except Exception as error:
             if isinstance(error, ConflictError) and stitch_id in self.registry:
                 return  # registered meanwhile by the replica that trained it
-            message = f"{type(error).__name__}: {getattr(error, 'message', None) or error}"
-            self.registry.await_failed(stitch_id, message)
+            error_type, detail = type(error).__name__, str(getattr(error, "message", None) or error)
+            self.registry.await_failed(stitch_id, error_type, detail)
+            message = f"{error_type}: {detail}"
             attempts = 1 if failure is None else failure.attempts + 1
             wait = min(self.interval_s * 2 ** (attempts - 1), self.max_backoff_s)
             self._failures[stitch_id] = _Failure(message, attempts, now + wait)

@@ -60,6 +60,9 @@ async def readyz(request: Request) -> JSONResponse:
         ready=state.ready,
         pending=state.pending,
         failed=[LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in state.failed],
+        retrying=[
+            LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in state.retrying
+        ],
     )
     if state.is_ready:
         return JSONResponse(body.model_dump())

@@ -562,8 +562,8 @@ def test_cli_refuses_bad_durations_and_both_data_sources(
               "--target-model", MPNET]  # fmt: skip
     job = trained["job"]["id"]
     for argv, message in [
-        ([*submit, "--holdout", "nan"], "--holdout: must be in [0, 1), got 'nan'"),
-        ([*submit, "--holdout", "1"], "--holdout: must be in [0, 1)"),
+        ([*submit, "--holdout", "nan"], "--holdout: must be in (0, 1), got 'nan'"),
+        ([*submit, "--holdout", "1"], "--holdout: must be in (0, 1)"),
         ([*submit, "--wait", "--interval", "-1"], "--interval: must be a finite number >= 0"),
         (["jobs", "wait", job, "--interval", "nan"], "--interval: must be a finite number"),
         (["jobs", "wait", job, "--timeout", "-1"], "--timeout: must be a finite number >= 0"),

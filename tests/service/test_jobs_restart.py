@@ -196,6 +196,11 @@ def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
         assert r.headers["retry-after"] and r.json()["error"]["code"] == "not_ready"
         assert "'trained' (trained by a job) is still loading; its last try failed" in r.text
         assert "OSError: the disk is busy" in r.text
+        ready = restarted.get("/readyz")  # listed, but one job's stitch keeps no replica out
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["retrying"] == [
+            {"id": "trained", "error": "OSError", "message": "the disk is busy"}
+        ]
         r = restarted.post("/v1/translate", json={**x, "stitch": "never-trained"})
         assert r.status_code == 404, r.text
         monkeypatch.setattr(lead.artifacts, "load_stitch", load)
@@ -205,6 +210,7 @@ def test_a_job_stitch_not_loaded_yet_after_a_restart_is_503_not_404(
                 break
             time.sleep(0.1)
         assert r.status_code == 200, r.text
+        assert restarted.get("/readyz").json()["retrying"] == []
     finally:
         restarted.__exit__(None, None, None)
 

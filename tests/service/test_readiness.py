@@ -149,6 +149,7 @@ def test_readyz_503_while_loading_then_200(
             "ready": ["minilm-to-mpnet"],
             "pending": [],
             "failed": [],
+            "retrying": [],
         }
         assert client.post("/v1/translate", json=body).status_code == 200
         assert client.head("/readyz").status_code == 200

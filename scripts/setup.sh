@@ -29,6 +29,8 @@ if command -v flock >/dev/null; then flock 9; fi
 if installed; then
   exit 0
 fi
+# pip runs quietly: say what the wait is for (a first run was silent for ~2 minutes)
+echo "setup: installing lead[$EXTRAS] and torch 2.13.0 into $VENV (the first time: a minute or two)" >&2
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
@@ -38,3 +40,4 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
 echo "$WANT" > "$STAMP"
+echo "setup: done" >&2

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import MetricsDep, SettingsDep
 from service.jobs.metrics import job_metrics
-from service.registry import StitchRegistry
+from service.registry import LoadFailure, StitchRegistry
 from service.schemas import HealthOut, LoadFailureOut, ReadinessOut
 
 __all__ = ["router"]
@@ -59,10 +59,8 @@ async def readyz(request: Request) -> JSONResponse:
         status=status,
         ready=state.ready,
         pending=state.pending,
-        failed=[LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in state.failed],
-        retrying=[
-            LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in state.retrying
-        ],
+        failed=_failures_out(state.failed),
+        retrying=_failures_out(state.retrying),
     )
     if state.is_ready:
         return JSONResponse(body.model_dump())
@@ -71,6 +69,10 @@ async def readyz(request: Request) -> JSONResponse:
     final = bool(state.failed) and not state.pending and not state.loading
     headers = {} if final else {"Retry-After": _NOT_READY_RETRY_AFTER}
     return JSONResponse(body.model_dump(), status_code=503, headers=headers)
+
+
+def _failures_out(failures: list[LoadFailure]) -> list[LoadFailureOut]:
+    return [LoadFailureOut(id=f.id, error=f.error, message=f.message) for f in failures]
 
 
 @router.get(

@@ -32,9 +32,12 @@ __all__ = [
     "text_argument",
 ]
 
-#: The fitting methods as the command lines list them (:data:`lead.fitting.METHODS` without
-#: its aliases; a test keeps the two in step).
-FIT_METHODS_HELP = "ridge | procrustes | mlp | invertible | anchors | unsupervised | local | gated"
+#: The fitting methods as the command lines list them, then the aliases
+#: (:data:`lead.fitting.METHODS`; a test keeps the two in step).
+FIT_METHODS_HELP = (
+    "ridge | procrustes | mlp | invertible | anchors | unsupervised | local | gated "
+    "(aliases: affine = ridge, orthogonal = procrustes)"
+)
 
 
 def parse_option_items(items: Sequence[str]) -> dict[str, Any]:

@@ -206,9 +206,16 @@ def _diagnose_floats(items: list[Any], d_src: int) -> np.ndarray:
     lengths: set[int] = set()
     for i, row in enumerate(items):
         if not isinstance(row, list):
+            flat = all(isinstance(v, Real) and not isinstance(v, bool) for v in items)
+            hint = (
+                " (input is one flat array of numbers: a single vector goes inside a list of "
+                'its own, "input": [[...]])'
+                if flat
+                else ""
+            )
             raise InvalidInputError(
                 f"input[{i}] is not an array of numbers: input must be all float arrays or all "
-                "base64 strings",
+                f"base64 strings{hint}",
                 param=f"input[{i}]",
             )
         # what a row holds before how long it is: a row of strings is not a vector of the

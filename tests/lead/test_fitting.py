@@ -360,5 +360,7 @@ def test_the_command_lines_list_every_fitting_method_once() -> None:
     from lead._options import FIT_METHODS_HELP
     from lead.fitting import METHODS as FITTING_METHODS
 
-    listed = FIT_METHODS_HELP.split(" | ")
-    assert listed == list(dict.fromkeys(FITTING_METHODS.values()))
+    methods, _, aliases = FIT_METHODS_HELP.partition(" (aliases: ")
+    assert methods.split(" | ") == list(dict.fromkeys(FITTING_METHODS.values()))
+    pairs = dict(item.split(" = ") for item in aliases.rstrip(")").split(", "))
+    assert pairs == {k: v for k, v in FITTING_METHODS.items() if k != v}

@@ -79,6 +79,11 @@ def test_float_edge_cases() -> None:
     with pytest.raises(NonFiniteError, match=r"input\[0\]"):
         decode_vectors([[1.0, 2.0, 10**60]], 3)  # fits a double, overflows float32
     np.testing.assert_array_equal(decode_vectors([[1, 2, 3]], 3), [[1.0, 2.0, 3.0]])
+    # one vector sent flat: the answer says how to wrap it (a mixed list does not get that)
+    with pytest.raises(InvalidInputError, match=r"input\[0\] .*single vector .*\[\[\.\.\.\]\]"):
+        decode_vectors([0.1, 0.2, 0.3], 3)
+    with pytest.raises(InvalidInputError, match=r"base64 strings$"):
+        decode_vectors([0.1, [0.2]], 3)
 
 
 def test_one_dimension_is_singular() -> None:

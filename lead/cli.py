@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lead._argparse import CommandParser
 from lead._options import FIT_METHODS_HELP, parse_option_items, seed_argument, text_argument
 from lead.errors import (
     ConflictError,
@@ -642,7 +643,7 @@ def _add_out_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lead`` argument parser; each subcommand sets ``handler(args) -> int``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="lead", description="LEAD: fit, score and apply embedding stitches."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

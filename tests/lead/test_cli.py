@@ -350,6 +350,35 @@ def test_usage_errors_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "translate" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("argv", "usage", "message"),
+    [
+        # argparse left these to `lead` itself: its usage, and the option not named closer
+        (["translate", "s", "--input", "a.npy", "--output", "b.npy", "--batch-szie", "10"],
+         "usage: lead translate", "--batch-szie (did you mean --batch-size?)"),
+        # a mistyped required option was reported only as the required one missing
+        (["translate", "s", "--inptu", "a.npy", "--output", "b.npy"],
+         "usage: lead translate", "--inptu (did you mean --input?)"),
+        (["jobs", "submit", "--dataset", "d", "--source-model", "a", "--target-model", "b",
+          "--methd=ridge"], "usage: lead jobs submit", "--methd (did you mean --method?)"),
+        (["migrate", "plan", "x.parquet", "--stich", "s"], "usage: lead migrate plan",
+         "--stich (did you mean --stitch?)"),
+        (["translate", "s", "--input", "a.npy", "--output", "b.npy", "extra"],
+         "usage: lead translate", "unrecognized arguments: extra"),
+        # other mistakes keep argparse's messages: abbreviations and negative numbers are
+        # not unknown options
+        (["jobs", "wait", "j", "--interv", "-1"], "usage: lead jobs wait",
+         "argument --interval: must be a finite number >= 0, got '-1'"),
+    ],
+)  # fmt: skip
+def test_a_command_names_its_own_unknown_options(
+    argv: list[str], usage: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and message in err, err
+
+
 def test_fit_lists_held_out_ids_and_stores_float16(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "ArrowInput",
     "query_options",
     "read_vectors",
+    "refuse_json",
     "refuse_query_options",
     "write_vectors",
 ]
@@ -126,6 +127,24 @@ def query_options(params: Iterable[tuple[str, str]]) -> TranslateOptions:
     return check_options(fields, "query")
 
 
+def refuse_json(body: bytes) -> None:
+    """Refuse a JSON body sent as an Arrow stream (an Arrow IPC stream starts with its
+    continuation marker, never ``{`` or ``[``), before its query string is read for the
+    options that such a body carries itself.
+
+    Raises
+    ------
+    DecodeError
+        Telling the client to send it as ``application/json``.
+    """
+    if body.lstrip()[:1] in (b"{", b"["):
+        raise DecodeError(
+            f"the body is not a valid Arrow IPC stream; it looks like JSON: send JSON as "
+            f"Content-Type: application/json, not {ARROW_STREAM}",
+            param="body",
+        )
+
+
 def refuse_query_options(params: Iterable[tuple[str, str]]) -> None:
     """Refuse options in the query string of a JSON request (its body carries them), so
     that ``?normalize=true`` beside a JSON body is an error, not silently ignored.
@@ -139,8 +158,8 @@ def refuse_query_options(params: Iterable[tuple[str, str]]) -> None:
         if key in QUERY_OPTIONS or key == "encoding_format":
             raise _query_error(
                 key,
-                f"query parameters set the options of Arrow bodies only; a JSON body "
-                f'carries "{key}" itself',
+                f"query parameters set the options of Arrow bodies only (Content-Type: "
+                f'{ARROW_STREAM}); a JSON body carries "{key}" itself',
                 value,
             )
 
@@ -234,6 +253,7 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     NonFiniteError
         NaN or infinity (``input[i]``: row ``i`` of the stream, counting across batches).
     """
+    refuse_json(body)
     buffer = pa.py_buffer(body)
     try:
         schema = check_stream(buffer, max_vectors)
@@ -241,11 +261,8 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
         for batch in batches:
             batch.validate(full=True)
     except (pa.ArrowException, OSError) as exc:
-        hint = ""
-        if body.lstrip()[:1] in (b"{", b"["):  # a JSON body under the Arrow content type
-            hint = "; it looks like JSON: send JSON as Content-Type: application/json. "
         raise DecodeError(
-            f"the body is not a valid Arrow IPC stream{hint or ': '}{exc}"[:500], param="body"
+            f"the body is not a valid Arrow IPC stream: {exc}"[:500], param="body"
         ) from None
     try:
         schema.names  # noqa: B018 (pyarrow decodes them here)

@@ -123,6 +123,7 @@ def _translate_arrow(
 ) -> memoryview:
     """:func:`_translate` for an Arrow IPC body: options from the query string."""
     _use_torch_threads(settings)
+    arrow_io.refuse_json(body)  # before its query: the options of a JSON body are in it
     options = arrow_io.query_options(query)
     route = find_route(registry, options)
     request = arrow_io.read_vectors(body, route.d_src, settings.max_vectors_arrow)

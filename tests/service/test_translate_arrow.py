@@ -404,10 +404,26 @@ def test_json_bodies_refuse_options_in_the_query(client: TestClient, queries: An
     r = client.post("/v1/translate", params={"normalize": "true"}, json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["param"] == "normalize"
+    assert f"Arrow bodies only (Content-Type: {ARROW})" in r.json()["error"]["message"]
     r = client.post("/v1/translate", params={"unrelated": "1"}, json=body)
     assert r.status_code == 422, r.text  # a parameter no route takes: named too
     assert r.json()["error"]["param"] == "unrelated"
     assert client.post("/v1/translate", json=body).status_code == 200
+
+
+def test_a_json_body_sent_as_arrow_is_named_before_its_missing_query(
+    client: TestClient, queries: Any
+) -> None:
+    """A new user's trial: the README's JSON body under the Arrow content type, with no
+    query string, got 422 "give `stitch`", not the hint to send it as JSON."""
+    body = json.dumps({**STITCH, "input": b64(queries["minilm"][:2])}).encode()
+    for params in ({}, STITCH):
+        r = post(client, body, params)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["param"]) == ("decode_error", "body"), error
+        assert "it looks like JSON: send JSON as Content-Type: application/json" in error["message"]
+    answer(post(client, body_of(queries["minilm"][:2])))
 
 
 def test_arrow_is_accepted_on_translate_only(client: TestClient, queries: Any) -> None:

@@ -243,7 +243,8 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     ------
     DecodeError
         Not an Arrow IPC stream, a truncated or malformed one, compressed batches, bytes
-        after its end, a column name that is not UTF-8.
+        after its end, a column name that is not UTF-8. (A JSON body is named as such by
+        :func:`refuse_json`, which the route calls first, before the query string.)
     LimitExceededError
         More than ``max_vectors`` rows.
     InvalidInputError
@@ -253,7 +254,6 @@ def read_vectors(body: bytes, d_src: int, max_vectors: int) -> ArrowInput:
     NonFiniteError
         NaN or infinity (``input[i]``: row ``i`` of the stream, counting across batches).
     """
-    refuse_json(body)
     buffer = pa.py_buffer(body)
     try:
         schema = check_stream(buffer, max_vectors)

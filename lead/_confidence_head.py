@@ -30,9 +30,12 @@ __all__ = [
 CONFIDENCE_METHOD = "bootstrap-ridge-disagreement+isotonic"
 #: Version 2 adds the stitch's own features (``stitch_features``); version 3 scores a
 #: stitch's output before its final L2 normalisation (``normalize_output``), whose norm
-#: unit rows lose. Heads of versions 1 and 2 are still read, and scored as they were fitted.
-CONFIDENCE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+#: unit rows lose; version 4 also flags an input whose length lies outside the training
+#: rows' (``input_norm_range``: an all-zero or rescaled vector, for a stitch fitted on
+#: vectors that are not of unit length). Older heads are still read, and scored as they
+#: were fitted.
+CONFIDENCE_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Number of the scalar features (see :mod:`lead.confidence`).
 N_FEATURES = 5
 #: Most stitch features a head takes (:meth:`lead.stitches.Stitch.confidence_features`).
@@ -65,7 +68,7 @@ class ConfidenceHead(nn.Module):
     version : int, default CONFIDENCE_VERSION
         The protocol the head was fitted with (one of :data:`READABLE_VERSIONS`): from 3
         on, ``y_pred`` is the stitch's output before its final L2 normalisation
-        (:attr:`scores_unnormalized`).
+        (:attr:`scores_unnormalized`); from 4 on, the head holds ``input_norm_range``.
 
     Notes
     -----
@@ -75,13 +78,15 @@ class ConfidenceHead(nn.Module):
     whitened least-variance axes, linear term in ``x``), ``disagreement_offset`` (rank,)
     the intercept row of ``G``, ``feature_weight`` (N_FEATURES + stitch_features,),
     ``bias`` (1,),
-    ``knots_x`` / ``knots_y`` (knots,) and ``ood_threshold`` (1,).
+    ``knots_x`` / ``knots_y`` (knots,), ``ood_threshold`` (1,) and, from version 4,
+    ``input_norm_range`` (2,): the lowest and highest input L2 norm not flagged.
 
     With ``xc = x - source_mean``, ``p = xc @ projection``:
     ``disagreement = |p[:, :k] + disagreement_offset|^2``, ``distance = |p[:, k:2k]|^2``,
     ``raw = log(features) @ feature_weight[:N_FEATURES] + extra @
     feature_weight[N_FEATURES:] + p[:, 2k] + bias`` (``extra``: the stitch's features),
-    ``out_of_distribution = distance > ood_threshold`` and
+    ``out_of_distribution = distance > ood_threshold`` (or, from version 4, ``|x|`` outside
+    ``input_norm_range``) and
     ``confidence = clip(interp(raw, knots_x, knots_y), 0, 1)``, or 0 where out of
     distribution.
     """
@@ -134,9 +139,13 @@ class ConfidenceHead(nn.Module):
             "knots_y": (knots,),
             "ood_threshold": (1,),
         }
+        if version >= 4:
+            shapes["input_norm_range"] = (2,)
         for name, shape in shapes.items():
             self.register_buffer(name, torch.zeros(shape))
         self.knots_x.copy_(torch.arange(knots, dtype=torch.float32))
+        if version >= 4:  # no length flagged until fitted
+            self.input_norm_range.copy_(torch.tensor([0.0, torch.inf]))
 
     source_mean: Tensor
     target_mean: Tensor
@@ -147,6 +156,7 @@ class ConfidenceHead(nn.Module):
     knots_x: Tensor
     knots_y: Tensor
     ood_threshold: Tensor
+    input_norm_range: Tensor
 
     def _apply(self, fn: Any, recurse: bool = True) -> ConfidenceHead:
         """Follow the stitch's device but stay float32 whatever dtype it moves to."""
@@ -177,8 +187,9 @@ class ConfidenceHead(nn.Module):
             "report": self.report,
         }
 
-    def _raw(self, x: Tensor, y_pred: Tensor, extra: Tensor) -> tuple[Tensor, Tensor]:
-        """(prediction before calibration, Mahalanobis distance), float32, row by row."""
+    def _raw(self, x: Tensor, y_pred: Tensor, extra: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(prediction before calibration, Mahalanobis distance, input norm), float32, row
+        by row."""
         k = self.rank
         xc = x - self.source_mean.float()
         proj = xc @ self.projection.float()
@@ -201,14 +212,14 @@ class ConfidenceHead(nn.Module):
         if self.stitch_features:
             raw = raw + extra @ weight[N_FEATURES:]
         raw = raw + self.bias.float()
-        return raw, distance
+        return raw, distance, x.square().sum(dim=1).sqrt()
 
     def _rows(self, packed: Tensor) -> Tensor:
         split = self.d_src + self.d_tgt
-        raw, distance = self._raw(
+        raw, distance, norm = self._raw(
             packed[:, : self.d_src], packed[:, self.d_src : split], packed[:, split:]
         )
-        return torch.stack([raw, distance], dim=1)
+        return torch.stack([raw, distance, norm], dim=1)
 
     def score(
         self, x: Tensor, y_pred: Tensor, extra: Tensor | None = None
@@ -237,7 +248,9 @@ class ConfidenceHead(nn.Module):
             more trustworthy. 0 for a row out of distribution (the calibration cannot
             vouch for it).
         out_of_distribution : Tensor of shape (n,), bool
-            True where the input is far outside the stitch's training inputs.
+            True where the input is far outside the stitch's training inputs: its
+            Mahalanobis distance over ``ood_threshold`` or (version 4) its L2 norm outside
+            ``input_norm_range``, or a NaN score.
 
         Raises
         ------
@@ -270,6 +283,9 @@ class ConfidenceHead(nn.Module):
         knots_x, knots_y = self.knots_x.float(), self.knots_y.float()
         confidence = _interp(out[:, 0], knots_x, knots_y).clamp(0.0, 1.0)
         ood = ~(out[:, 1] <= self.ood_threshold.float())  # NaN counts as out of distribution
+        if self.version >= 4:
+            low, high = self.input_norm_range.float()
+            ood |= ~((out[:, 2] >= low) & (out[:, 2] <= high))
         # the calibration never saw such inputs, so it cannot vouch for them: 0, which also
         # puts them first in a lowest-confidence-first re-embedding order
         confidence = torch.where(ood, 0.0, torch.nan_to_num(confidence, nan=0.0))
@@ -338,7 +354,8 @@ def check_head(head: ConfidenceHead) -> None:
     ------
     StitchFormatError
         If ``knots_x`` is not strictly increasing, ``knots_y`` decreases or leaves
-        [-1, 1] (cosines), or ``ood_threshold`` is negative.
+        [-1, 1] (cosines), ``ood_threshold`` is negative, or ``input_norm_range`` is not
+        ``0 <= low <= high``.
     """
     if not bool((head.knots_x[1:] > head.knots_x[:-1]).all()):
         raise StitchFormatError("tensor 'confidence.knots_x' must be strictly increasing")
@@ -349,3 +366,9 @@ def check_head(head: ConfidenceHead) -> None:
         )
     if not float(head.ood_threshold[0]) >= 0.0:
         raise StitchFormatError("tensor 'confidence.ood_threshold' must be at least 0")
+    if head.version >= 4:
+        low, high = (float(v) for v in head.input_norm_range)
+        if not 0.0 <= low <= high:
+            raise StitchFormatError(
+                "tensor 'confidence.input_norm_range' must be [low, high] with 0 <= low <= high"
+            )

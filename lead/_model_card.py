@@ -101,6 +101,17 @@ def _scorecard_table(scorecard: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def _norm_range_text(report: dict[str, Any]) -> str:
+    """``, or a length outside [low, high]`` for a head that flags lengths (version 4)."""
+    bounds = report.get("input_norm_range")
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        return ""
+    low, high = (_number(v) for v in bounds)
+    if low is None or high is None:
+        return ""
+    return f", or an L2 norm outside [{low:.4g}, {high:.4g}]"
+
+
 def _confidence_section(config: dict[str, Any]) -> str:
     block = config.get("confidence")
     report = _head_report(config)
@@ -130,7 +141,8 @@ def _confidence_section(config: dict[str, Any]) -> str:
         "Every translated vector can carry a confidence in [0, 1], a calibrated estimate of "
         "its cosine with the target model's own vector (`lead translate "
         "--confidence-output`, `lead.confidence.translate_with_confidence`), and a flag for "
-        f"inputs far outside the training data (distance over {threshold or 0:.4g}).\n\n"
+        f"inputs far outside the training data (distance over {threshold or 0:.4g}"
+        f"{_norm_range_text(report)}).\n\n"
         f"- method: `{block.get('method')}` version {block.get('version')}\n"
         f"- Spearman(confidence, true cosine) on {report.get('held_out_rows', '?')} held-out "
         f"rows, out of fold: **{shown}**{own}\n"

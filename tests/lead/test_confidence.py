@@ -100,6 +100,38 @@ def test_garbage_and_other_models_vectors_are_flagged(
     assert flagged(scifact_small.corpus["pml3"][:200]) > 0.75
 
 
+def test_inputs_of_another_length_are_flagged_for_a_stitch_of_non_unit_inputs(
+    pairs: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    """A stitch fitted on vectors that are not of unit length takes inputs as they are, so
+    the head checks their length too: the Mahalanobis distance alone (along the training
+    rows' least-variance axes) let an all-zero row and a row three times too long through
+    (measured: confidence 0.63 and 0.76, none flagged)."""
+    rng = np.random.default_rng(0)
+    lengths = {key: rng.uniform(5, 15, (len(pairs[key]), 1)) for key in ("Xt", "Xh")}
+    Xt, Xh = pairs["Xt"] * lengths["Xt"], pairs["Xh"] * lengths["Xh"]
+    stitch = fit_stitch(Xt, pairs["Yt"], "ridge")
+    assert not stitch.info.source_normalized  # inputs are taken as they are
+    report = fit_confidence(stitch, Xt, pairs["Yt"], Xh, pairs["Yh"])
+    low, high = report["input_norm_range"]
+    assert low < 5 and high > 15 and report["held_out_ood_fraction"] == 0.0
+    _, _, ood = translate_with_confidence(stitch, Xh)
+    assert not bool(ood.any())  # its own kind of rows
+    x = Xh[:1] / np.linalg.norm(Xh[:1])
+    probes = np.concatenate([np.zeros_like(x), x * 0.1, x * (low * 0.99), x * (high * 1.01)])
+    _, confidence, ood = translate_with_confidence(stitch, probes)
+    assert ood.tolist() == [True] * 4 and confidence.tolist() == [0.0] * 4
+    inside = np.concatenate([x * (low * 1.01), x * (high * 0.99)])
+    assert not bool(translate_with_confidence(stitch, inside)[2].any())
+    # saved and loaded, the range holds, and the card names it
+    folder = save_stitch(stitch, tmp_path / "s")
+    assert torch.equal(translate_with_confidence(load_stitch(folder), probes)[2], ood)
+    assert f"outside [{low:.4g}, {high:.4g}]" in (folder / "README.md").read_text()
+    # a head of version 3 read from its file keeps its own rule: no length check
+    _to_older_head(folder, 3)
+    assert not bool(translate_with_confidence(load_stitch(folder), probes[:1])[2].any())
+
+
 def test_translation_is_the_plain_translation_bit_for_bit(
     fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path
 ) -> None:
@@ -222,6 +254,17 @@ def _set(key: str, value: Any) -> Any:
             "'confidence.ood_threshold' must be at least 0",
         ),
         (
+            None,
+            lambda t: t["confidence.input_norm_range"].copy_(torch.tensor([2.0, 1.0])),
+            "'confidence.input_norm_range' must be \\[low, high\\]",
+        ),
+        (
+            None,
+            lambda t: t["confidence.input_norm_range"].fill_(float("nan")),
+            "'confidence.input_norm_range' must be",
+        ),
+        (_set("version", 3), None, "unexpected tensor 'confidence.input_norm_range'"),
+        (
             lambda c: c["tensors"].__setitem__("confidence.bias", 1),
             None,
             "must map tensor names to shapes",
@@ -263,26 +306,35 @@ def test_a_malformed_head_is_a_format_error(
         load_stitch(folder)
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_an_older_head_still_loads_and_scores_the_output_itself(
-    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path, version: int
-) -> None:
-    """Version 1 (before the stitch's own features) had no ``stitch_features``; versions 1
-    and 2 scored the stitch's output itself (unit rows), version 3 the output before its
-    L2 normalisation. A file keeps the version it was fitted with, and is scored so."""
-    stitch, _ = fitted
-    assert stitch.normalize_output and stitch.confidence_head is not None
-    assert stitch.confidence_head.version == 3 and stitch.confidence_head.scores_unnormalized
-    folder = save_stitch(stitch, tmp_path / "s")
+def _to_older_head(folder: Path, version: int) -> None:
+    """Rewrite a saved head of the current version as one of ``version`` (< 4) would be
+    saved: no ``input_norm_range`` tensor, and for version 1 no ``stitch_features`` and the
+    report's old key names."""
 
-    def to_older(config: dict[str, Any]) -> None:
+    def config_change(config: dict[str, Any]) -> None:
         config["confidence"]["version"] = version
+        del config["tensors"]["confidence.input_norm_range"]
         if version == 1:
             assert config["confidence"].pop("stitch_features") == 0
             report = config["confidence"]["report"]
             report["spearman_in_domain"] = report.pop("in_domain_spearman_score")
 
-    _corrupt(folder, to_older)
+    _corrupt(folder, config_change, lambda t: t.pop("confidence.input_norm_range"))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_head_still_loads_and_scores_the_output_itself(
+    fitted: tuple[Stitch, dict], pairs: dict[str, np.ndarray], tmp_path: Path, version: int
+) -> None:
+    """Version 1 (before the stitch's own features) had no ``stitch_features``; versions 1
+    and 2 scored the stitch's output itself (unit rows), versions 3 and later the output
+    before its L2 normalisation. A file keeps the version it was fitted with, and is scored
+    so."""
+    stitch, _ = fitted
+    assert stitch.normalize_output and stitch.confidence_head is not None
+    assert stitch.confidence_head.version == 4 and stitch.confidence_head.scores_unnormalized
+    folder = save_stitch(stitch, tmp_path / "s")
+    _to_older_head(folder, version)
     old = load_stitch(folder)
     head = old.confidence_head
     assert head is not None and head.version == version and not head.scores_unnormalized

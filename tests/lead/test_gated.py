@@ -17,7 +17,7 @@ from safetensors.torch import save_file as save_file_pt
 from lead._apply import apply_stitch
 from lead.artifacts import load_stitch, save_stitch
 from lead.batch_invariance import forward_batch_invariant
-from lead.confidence import fit_confidence, translate_with_confidence
+from lead.confidence import CONFIDENCE_VERSION, fit_confidence, translate_with_confidence
 from lead.errors import InvalidInputError, ShapeMismatchError, StitchFormatError, TooFewPairsError
 from lead.fitting import fit_stitch
 from lead.gated import fit_gated
@@ -206,7 +206,7 @@ def test_the_confidence_weighs_how_close_an_input_is_to_the_memory(
     assert report["in_domain_spearman_score"] > 0.5, report
     folder = save_stitch(stitch, tmp_path / "g")
     config = json.loads((folder / "config.json").read_text())["confidence"]
-    assert (config["version"], config["stitch_features"]) == (3, 3)
+    assert (config["version"], config["stitch_features"]) == (CONFIDENCE_VERSION, 3)
     x = np.concatenate([_memory_rows(stitch), everyday["minilm"][40:]])
     want = translate_with_confidence(stitch, x)
     got = translate_with_confidence(load_stitch(folder), x)

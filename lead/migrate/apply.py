@@ -34,7 +34,14 @@ from lead.migrate.stores import (
 )
 from lead.migrate.translator import Translator
 
-__all__ = ["ApplyResult", "check_confidence", "check_dims", "migration_spec", "run_apply"]
+__all__ = [
+    "ApplyResult",
+    "check_confidence",
+    "check_dims",
+    "column_where",
+    "migration_spec",
+    "run_apply",
+]
 
 _DONE = object()
 
@@ -97,6 +104,12 @@ def column_name(source: Source) -> str:
     return str(getattr(source, "name", None) or getattr(source, "column", None) or source.info.uri)
 
 
+def column_where(source: Source, column: str) -> str:
+    """``column`` named with its source's URI (once, when it is the URI itself)."""
+    uri = source.info.uri
+    return uri if column == uri else f"{column} of {uri}"
+
+
 def check_dims(source: Source, translator: Translator, column: str) -> None:
     """Refuse a source whose dimension is not the stitch's input dimension.
 
@@ -110,9 +123,8 @@ def check_dims(source: Source, translator: Translator, column: str) -> None:
     if info.dim == 0 and info.rows == (info.null_rows or 0):
         return  # no vector to tell the dimension (an empty Parquet file): nothing to translate
     if info.dim != ref.d_in:
-        where = info.uri if column == info.uri else f"{column} of {info.uri}"
         raise ShapeMismatchError(
-            f"{where} has dimension {info.dim}, but stitch "
+            f"{column_where(source, column)} has dimension {info.dim}, but stitch "
             f"{ref.name} ({ref.source_model} -> {ref.target_model}) expects {ref.d_in}",
             expected=ref.d_in,
             got=info.dim,

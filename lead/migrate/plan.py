@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lead.errors import InvalidInputError, LeadError, ZeroVectorError
-from lead.migrate.apply import check_dims, check_go
+from lead.migrate.apply import check_dims, check_go, column_where
 from lead.migrate.stores import Source, zero_rows
 from lead.migrate.translator import Translator, describe
 
@@ -47,7 +47,9 @@ class PlanResult:
     Attributes
     ----------
     source : dict
-        ``uri``, ``rows``, ``dim``, ``id_kind``, ``null_rows``, ``vector_type``.
+        ``uri``, ``rows``, ``dim`` (None for a source without a vector whose type gives no
+        dimension, e.g. an empty Parquet list column), ``id_kind``, ``null_rows``,
+        ``vector_type``.
     stitch : dict
         ``stitch``, ``stitch_sha256``, models and dimensions.
     rows_to_translate : int
@@ -152,15 +154,23 @@ def run_plan(
     if rows and not problems:
         probe, estimate, failed = _probe(source, translator, rows, column)
         problems += failed
+    # a list column without a fixed size and no vector in it tells no dimension
+    unknown_dim = info.dim == 0 and info.rows == (info.null_rows or 0)
     source_info = {
         "uri": info.uri,
         "rows": info.rows,
-        "dim": info.dim,
+        "dim": None if unknown_dim else info.dim,
         "id_kind": info.id_kind,
         "null_rows": info.null_rows,
         "vector_type": info.vector_type,
     }
     notes = list(getattr(source, "notes", []))
+    if unknown_dim:
+        notes.append(
+            f"{column_where(source, column)} holds no vector, so its dimension is unknown "
+            "(dim: null): "
+            "there is nothing to translate"
+        )
     return PlanResult(
         source_info, describe(translator), rows, output_bytes, estimate, probe, problems, notes
     )

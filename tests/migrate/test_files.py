@@ -24,6 +24,7 @@ from lead.errors import (
 )
 from lead.migrate.apply import migration_spec
 from lead.migrate.partitions import Partition, migrate_partition, partition_store
+from lead.migrate.plan import run_plan
 from lead.migrate.registry import open_source, open_target
 from lead.migrate.stores import with_params
 from lead.migrate.translator import LocalTranslator
@@ -428,6 +429,14 @@ def test_an_empty_source_migrates_to_an_empty_finished_target(tmp_path, minilm_t
         assert pq.read_table(tmp_path / name).num_rows == 0
         with open_source(str(tmp_path / name)) as written:
             assert (written.info.rows, written.info.dim) == (0, 768)
+        # plan says so too: the list column's dimension is unknown, not 0
+        with open_source(source) as opened:
+            planned = run_plan(opened, minilm_to_mpnet, column=name)
+        assert planned.problems == [] and planned.rows_to_translate == 0, name
+        dim, notes = planned.source["dim"], " ".join(planned.notes)
+        assert (dim, "dimension is unknown" in notes) == (
+            (384, False) if name == "npy" else (None, True)
+        )
 
 
 @pytest.mark.parametrize("kind", ["parquet", "npy"])

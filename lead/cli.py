@@ -168,17 +168,23 @@ def _score(
     return card.to_dict()
 
 
+#: Fit stages shown as a progress bar, and the unit of their steps: an MLP's training
+#: epochs, and the refinement rounds of an unpaired fit (a minute on 5,000 rows a side).
+_BAR_UNITS = {"train": "epoch", "refine": "round"}
+
+
 def _tqdm_progress() -> tuple[Callable[[str, int, int], None], Callable[[], None]]:
     from tqdm import tqdm
 
     bars: dict[str, Any] = {}
 
     def progress(stage: str, step: int, total: int) -> None:
-        if stage != "train":  # closed-form fits take seconds: no bar
+        unit = _BAR_UNITS.get(stage)
+        if unit is None:  # closed-form fits take seconds: no bar
             return
         bar = bars.get(stage)
         if bar is None:
-            bar = bars[stage] = tqdm(total=total, desc=stage, unit="epoch", file=sys.stderr)
+            bar = bars[stage] = tqdm(total=total, desc=stage, unit=unit, file=sys.stderr)
         bar.total = total  # lowered to the epochs run when early stopping ends training
         bar.update(step - bar.n)
 

@@ -210,7 +210,8 @@ def fit_stitch(
         gated's MLP;
         an early stop's last epoch reports ``("train", epochs, epochs)``;
         invertible also reports ``("init", layer, layers)``), and ``("match", 0, 1)`` /
-        ``("refine", round, rounds)`` inside the unsupervised fit. An exception it raises
+        ``("refine", round, rounds)`` inside the unsupervised fit (and ``("refine", rounds,
+        rounds)`` once done). An exception it raises
         (e.g. :class:`~lead.errors.JobCancelledError`) propagates.
     sample_weight : array_like of shape (n,), optional
         Non-negative weight of each pair (methods ``local`` and ``gated`` only): e.g. 1 for

@@ -181,7 +181,8 @@ def fit_unsupervised(
         Seed of the row samples.
     progress : callable, optional
         ``progress(stage, step, total)``: ``("match", 0, 1)`` before the matching and
-        ``("refine", round, rounds)`` before every refinement round; what it raises (e.g.
+        ``("refine", round, rounds)`` before every refinement round and
+        ``("refine", rounds, rounds)`` after the last; what it raises (e.g.
         :class:`~lead.errors.JobCancelledError`) stops the fit.
 
     Returns
@@ -329,6 +330,8 @@ def fit_unsupervised(
         targets = _neighbour_mean(near_y, Yr)  # (n_x, d_tgt)
         sources = _neighbour_mean(near_x, Xr)  # (n_y, d_src)
         rotation = _rotation(torch.cat([Xr, sources]), torch.cat([targets, Yr]))
+    if progress is not None:
+        progress("refine", len(schedule), len(schedule))
     a, b = _mutual_best((Xr @ rotation.T) @ Yr.T)
     norm_x = float((X - mean_x).norm(dim=1).mean())
     norm_y = float((Y - mean_y).norm(dim=1).mean())

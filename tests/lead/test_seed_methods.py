@@ -84,7 +84,9 @@ def test_cli_fit_unpaired_then_score(
     assert config["fit"]["method"] == "unsupervised"
     # 250 and 250 rows: below what unpaired matching needs to be reliable, and it says so
     assert any("unreliable below" in w for w in config["fit"]["warnings"])
-    assert "warning: only 250 rows" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "warning: only 250 rows" in err
+    assert "refine: 100%" in err  # its refinement rounds' progress bar, run to the end
     assert config["fit"]["data"] == {
         "source": str(tmp_path / "x.npy"),
         "target": str(tmp_path / "y.npy"),

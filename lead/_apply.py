@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lead._validation import as_matrix
+from lead._options import check_int_option
+from lead._validation import as_matrix, check_bool, check_stitch
 from lead.batch_invariance import forward_batch_invariant
 from lead.errors import NonFiniteOutputError, ShapeMismatchError
 from lead.stitches import Stitch, oriented
@@ -28,8 +29,11 @@ def stitch_input(stitch: Stitch, X: Any, *, inverse: bool = False, param: str = 
         If ``X`` does not have ``stitch.d_src`` columns (``d_tgt`` with ``inverse``).
     NotInvertibleError, NonFiniteError, ZeroVectorError
         As :func:`apply_stitch`, naming ``param``.
+    InvalidInputError
+        If ``stitch`` is not a stitch or ``inverse`` not a bool.
     """
-    _, d_in, _ = oriented(stitch, inverse=inverse)
+    check_stitch(stitch)
+    _, d_in, _ = oriented(stitch, inverse=check_bool(inverse, "inverse"))
     weights = next(stitch.parameters())
     source = as_matrix(X, name=param, dtype=weights.dtype).to(weights.device)
     if source.shape[1] != d_in:
@@ -83,9 +87,13 @@ def apply_stitch(
         (``param`` ``X[i]``).
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
+    InvalidInputError
+        If ``stitch`` is not a stitch, ``batch_size`` not an integer >= 1 or ``inverse``
+        not a bool.
     """
-    run, _, d_out = oriented(stitch, inverse=inverse)
+    batch_size = check_int_option(batch_size, "batch_size", minimum=1)
     source = stitch_input(stitch, X, inverse=inverse)
+    run, _, d_out = oriented(stitch, inverse=inverse)
     return run_rows(stitch, lambda x: forward_batch_invariant(run, x), source, d_out, batch_size)
 
 

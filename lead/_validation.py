@@ -35,12 +35,16 @@ from lead.errors import (
 __all__ = [
     "MAX_SPREAD_RATIO",
     "as_matrix",
+    "check_bool",
+    "check_callable",
     "check_column_spread",
+    "check_config",
     "check_config_fields",
     "check_device",
     "check_fitted",
     "check_float32_range",
     "check_pairs",
+    "check_stitch",
 ]
 
 _FLOAT32 = torch.finfo(torch.float32)
@@ -51,6 +55,67 @@ _FLOAT32 = torch.finfo(torch.float32)
 MAX_SPREAD_RATIO = 1.0 / float(_FLOAT32.eps)
 #: Rows checked by :func:`check_fitted` (the ones with the largest entries).
 _FITTED_ROWS = 1024
+
+
+def check_stitch(stitch: Any, name: str = "stitch") -> None:
+    """Refuse anything but a :class:`~lead.stitches.Stitch` (a path, a plain module, None).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming ``name`` and what was given.
+    """
+    from lead.stitches import Stitch
+
+    if not isinstance(stitch, Stitch):
+        raise InvalidInputError(
+            f"{name} must be a lead stitch (lead.fit_stitch or lead.load_stitch give one), "
+            f"got {type(stitch).__name__}",
+            param=name,
+        )
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` if it is True or False (a string such as ``"no"`` is not).
+
+    Raises
+    ------
+    InvalidInputError
+        If it is anything else (``param`` is ``name``).
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidInputError(f"{name} must be true or false, got {value!r:.80}", param=name)
+    return bool(value)
+
+
+def check_config(config: Any, cls: type, name: str = "config") -> None:
+    """Refuse a ``config`` that is not an instance of ``cls`` (a dict of options, say).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming ``name`` and how to build one.
+    """
+    if not isinstance(config, cls):
+        raise InvalidInputError(
+            f"{name} must be a {cls.__name__} ({cls.__module__}.{cls.__name__}(**options)), "
+            f"got {type(config).__name__}",
+            param=name,
+        )
+
+
+def check_callable(value: Any, name: str) -> None:
+    """Refuse a ``value`` that is neither None nor callable (e.g. a progress callback).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming ``name``.
+    """
+    if value is not None and not callable(value):
+        raise InvalidInputError(
+            f"{name} must be a function or None, got {type(value).__name__}", param=name
+        )
 
 
 def as_matrix(x: Any, *, name: str, dtype: torch.dtype = torch.float64) -> Tensor:

@@ -27,7 +27,7 @@ from lead._confidence_head import check_head, head_from_config
 from lead._durable import fsync_path
 from lead._hub import download_snapshot, upload_folder
 from lead._model_card import model_card
-from lead._validation import check_device
+from lead._validation import check_device, check_stitch
 from lead._version import __version__
 from lead.errors import (
     ConflictError,
@@ -207,7 +207,8 @@ def save_stitch(
     Raises
     ------
     InvalidInputError
-        If ``folder`` exists and is not an empty folder or a stitch folder, ``dtype``
+        If ``stitch`` is not a stitch, ``folder`` exists and is not an empty folder or a
+        stitch folder, or cannot be created (a read-only place, no permission), ``dtype``
         is not a storage dtype, or a tensor does not fit ``dtype`` (beyond its range, or
         changed by more than :data:`MAX_STORAGE_ERROR` of its norm).
     ShapeMismatchError
@@ -222,6 +223,7 @@ def save_stitch(
     then renamed into place (an old version is moved aside first and deleted last), so a
     reader never sees a half-written stitch.
     """
+    check_stitch(stitch)
     folder = Path(folder)
     if not overwrite and is_occupied(folder):
         raise _exists(folder)
@@ -241,9 +243,18 @@ def save_stitch(
         for name, t in stitch.state_dict().items()
     }
     _check_stored(stitch.state_dict(), tensors, dtype)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     config = _stitch_config(stitch, tensors, dtype)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    except OSError as error:  # a read-only place, a file in the path, no permission
+        if isinstance(error, FileExistsError | NotADirectoryError):
+            reason = f"a file, not a folder, is on the path {folder.parent}"
+        else:
+            reason = f"{folder.parent}: {error.strerror or type(error).__name__}"
+        raise InvalidInputError(
+            f"cannot save the stitch in {folder}: {reason}", param="folder"
+        ) from error
     try:
         try:
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -688,9 +699,16 @@ def load_stitch(
     HubError
         The Hub could not be reached or refused the download.
     InvalidInputError
-        An unknown device, or a CUDA device this machine does not have.
+        An unknown device, or a CUDA device this machine does not have; a ``dtype`` that
+        is not a floating torch dtype.
     """
     target = check_device("cpu" if device is None else device)  # before any file is read
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidInputError(
+            f"dtype must be a floating torch dtype (torch.float16, torch.bfloat16, "
+            f"torch.float32, torch.float64), got {dtype!r:.80}",
+            param="dtype",
+        )
     stitch = _load_folder(stitch_folder(folder_or_repo_id, revision))
     stitch.requires_grad_(False)
     stitch.to(device=target)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lead._options import check_float_option
-from lead._validation import check_fitted, check_pairs
+from lead._validation import check_bool, check_fitted, check_pairs
 from lead.errors import FitError, InvalidInputError, TooFewPairsError
 from lead.splits import holdout_split
 from lead.stitches import AffineStitch, OrthogonalStitch
@@ -229,6 +229,8 @@ def fit_procrustes(X: Any, Y: Any, *, scaling: bool = False) -> OrthogonalStitch
     FitError
         If the singular value decomposition fails, or the float32 stitch would hold or
         produce NaN or infinity (e.g. a ``scaling`` beyond float32).
+    InvalidInputError
+        If ``scaling`` is not a bool.
 
     Notes
     -----
@@ -253,6 +255,7 @@ def fit_procrustes(X: Any, Y: Any, *, scaling: bool = False) -> OrthogonalStitch
     >>> torch.allclose(fit_procrustes(X, X @ Q.T).weight, Q.float(), atol=1e-5)
     True
     """
+    scaling = check_bool(scaling, "scaling")
     X, Y = check_pairs(X, Y)
     Xc, Yc, mean_x, mean_y = _centre(X, Y)
     try:

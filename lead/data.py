@@ -27,6 +27,7 @@ import torch
 from numpy.lib.format import open_memmap
 from safetensors import SafetensorError, safe_open
 
+from lead._options import check_int_option
 from lead._validation import check_column_spread, check_float32_range
 from lead.errors import DecodeError, InvalidInputError, NonFiniteError, ShapeMismatchError
 
@@ -262,13 +263,44 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
 def read_embeddings(spec: str | Path, rows: np.ndarray | None = None) -> np.ndarray:
     """Read a whole embedding array (or the given rows) as float32 of shape ``(n, d)``.
 
+    Parameters
+    ----------
+    spec : str or Path
+        As :class:`EmbeddingReader`.
+    rows : array_like of int, shape (m,), optional
+        Row indices in ``[0, n)``, in any order (repeats allowed); all rows when None.
+
     Raises
     ------
     InvalidInputError, DecodeError, ShapeMismatchError, NonFiniteError
-        As :class:`EmbeddingReader`.
+        As :class:`EmbeddingReader`; ``rows`` that is not a 1-D array of integers in
+        ``[0, n)`` (``param`` ``rows``).
     """
     data = EmbeddingReader(spec).read()
-    return data if rows is None else data[np.asarray(rows)]
+    return data if rows is None else data[_row_indices(rows, data.shape[0])]
+
+
+def _row_indices(rows: Any, n: int) -> np.ndarray:
+    """``rows`` as int64 indices into ``n`` rows: 1-D integers in ``[0, n)`` (no booleans,
+    no negative indices counted from the end)."""
+    try:
+        index = np.asarray(rows)
+    except (TypeError, ValueError) as error:  # ragged lists
+        raise InvalidInputError("rows must be a 1-D array of row indices", param="rows") from error
+    if index.size == 0 and index.ndim == 1:
+        return index.astype(np.int64)
+    if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer):
+        raise InvalidInputError(
+            f"rows must be a 1-D array of integer row indices, got {index.ndim}-D {index.dtype}",
+            param="rows",
+        )
+    low, high = int(index.min()), int(index.max())
+    if low < 0 or high >= n:
+        raise InvalidInputError(
+            f"rows must lie in [0, {n}) (the file's rows), got {low if low < 0 else high}",
+            param="rows",
+        )
+    return index.astype(np.int64)
 
 
 def _reserve(path: Path) -> None:
@@ -311,7 +343,9 @@ class EmbeddingWriter:
         self, spec: str | Path, n: int, d: int, *, metadata: dict[str, str] | None = None
     ) -> None:
         self.path, tensor = parse_spec(spec)
-        self.n, self.d, self.rows = int(n), int(d), 0
+        self.n = check_int_option(n, "n", minimum=0)
+        self.d = check_int_option(d, "d", minimum=1)
+        self.rows = 0
         suffix = self.path.suffix.lower()
         if suffix not in SUFFIXES:
             raise InvalidInputError(
@@ -347,7 +381,16 @@ class EmbeddingWriter:
             self._file.write(struct.pack("<Q", len(raw)) + raw)
 
     def write(self, batch: np.ndarray) -> None:
-        """Append rows of shape ``(m, d)`` (converted to little-endian float32)."""
+        """Append rows of shape ``(m, d)`` (converted to little-endian float32).
+
+        Raises
+        ------
+        ShapeMismatchError
+            Rows of another width, or more rows than ``n`` in all.
+        NonFiniteError
+            NaN, infinity, or a value beyond the float32 range (which
+            :class:`EmbeddingReader` would refuse), naming its row.
+        """
         batch = np.asarray(batch)
         if batch.ndim != 2 or batch.shape[1] != self.d or self.rows + batch.shape[0] > self.n:
             raise ShapeMismatchError(
@@ -356,10 +399,21 @@ class EmbeddingWriter:
                 expected=(self.n - self.rows, self.d),
                 got=batch.shape,
             )
+        if batch.dtype.kind not in "fiub":
+            raise InvalidInputError(f"cannot write values of dtype {batch.dtype}", param="batch")
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused
+            values = np.ascontiguousarray(batch, dtype="<f4")
+        finite = np.isfinite(values).all(axis=1)
+        if not finite.all():
+            row = self.rows + int(np.flatnonzero(~finite)[0])
+            raise NonFiniteError(
+                f"cannot write NaN, infinity or a value beyond the float32 range (row {row})",
+                param="batch",
+            )
         if self._memmap is not None:
-            self._memmap[self.rows : self.rows + batch.shape[0]] = batch
+            self._memmap[self.rows : self.rows + batch.shape[0]] = values
         else:
-            self._file.write(np.ascontiguousarray(batch, dtype="<f4").tobytes())
+            self._file.write(values.tobytes())
         self.rows += batch.shape[0]
 
     def _close(self) -> None:

@@ -18,6 +18,8 @@ import torch
 from lead._options import MAX_SEED, check_int_option
 from lead._validation import (
     as_matrix,
+    check_bool,
+    check_callable,
     check_column_spread,
     check_fitted,
     check_float32_range,
@@ -82,12 +84,6 @@ def _unit_rows(M: torch.Tensor) -> bool:
     )
 
 
-def _check_scaling(scaling: Any) -> bool:
-    if not isinstance(scaling, bool):
-        raise InvalidInputError("scaling must be true or false", param="scaling")
-    return scaling
-
-
 def _keyword_options(function: Callable[..., Any]) -> set[str]:
     """The keyword-only options of a fitting function, except ``seed``."""
     parameters = inspect.signature(function).parameters.values()
@@ -147,7 +143,7 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
         if "alphas" in options:
             _check_alphas(options["alphas"])
     elif canonical == "procrustes":
-        _check_scaling(options.get("scaling", False))
+        check_bool(options.get("scaling", False), "scaling")
     elif canonical in configs:
         configs[canonical](**options)  # the configs validate every value
     elif canonical == "anchors":
@@ -238,7 +234,9 @@ def fit_stitch(
     Raises
     ------
     InvalidInputError
-        For an unknown method or option, or a bad option value.
+        For an unknown method or option, or a bad option value; ``normalize_output`` or
+        ``calibrate_variance`` not a bool, ``info`` not a :class:`~lead.stitches.StitchInfo`,
+        ``progress`` not callable.
     ShapeMismatchError, NonFiniteError, TooFewPairsError
         As raised by the method; values beyond the float32 range are a NonFiniteError.
     IllConditionedError
@@ -248,10 +246,14 @@ def fit_stitch(
         produces them on ``X``.
     """
     canonical = check_method_options(method, options)  # names and values, before any work
-    if not isinstance(calibrate_variance, bool):
+    check_bool(calibrate_variance, "calibrate_variance")
+    if normalize_output is not None:
+        check_bool(normalize_output, "normalize_output")
+    if info is not None and not isinstance(info, StitchInfo):
         raise InvalidInputError(
-            "calibrate_variance must be true or false", param="calibrate_variance"
+            f"info must be a lead.StitchInfo, got {type(info).__name__}", param="info"
         )
+    check_callable(progress, "progress")
     if calibrate_variance and canonical == "unsupervised":
         raise InvalidInputError(
             "calibrate_variance needs paired vectors; the unsupervised method has none",

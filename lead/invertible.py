@@ -16,7 +16,13 @@ import torch
 from torch import Tensor
 
 from lead._epochs import train_epochs
-from lead._validation import check_config_fields, check_device, check_pairs
+from lead._validation import (
+    check_callable,
+    check_config,
+    check_config_fields,
+    check_device,
+    check_pairs,
+)
 from lead.closed_form import ProgressCallback, fit_ridge
 from lead.errors import FitError, IllConditionedError, InvalidInputError
 from lead.splits import early_stopping_split
@@ -353,6 +359,8 @@ def train_invertible(
         For bad inputs, or too few pairs to hold out 4 of them.
     FitError
         If the training loss becomes NaN or infinite (lower ``lr``).
+    InvalidInputError
+        If ``config`` is not a :class:`InvertibleConfig` or ``progress`` is not callable.
 
     Notes
     -----
@@ -372,6 +380,8 @@ def train_invertible(
        NVP. ICLR. arXiv:1605.08803
     """
     config = config if config is not None else InvertibleConfig()
+    check_config(config, InvertibleConfig)
+    check_callable(progress, "progress")
     X, Y = check_pairs(X, Y, minimum=8)
     n, d_src = X.shape
     device = torch.device(config.device)

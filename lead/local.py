@@ -53,12 +53,19 @@ def check_sample_weight(sample_weight: Any, n: int) -> Tensor:
     """
     if sample_weight is None:
         return torch.ones(n, dtype=torch.float64)
-    w = torch.as_tensor(sample_weight, dtype=torch.float64).reshape(-1).cpu()
-    if w.shape[0] != n:
+    try:
+        w = torch.as_tensor(sample_weight, dtype=torch.float64).cpu()
+    except (TypeError, ValueError, RuntimeError) as error:  # a string, ragged lists, objects
+        raise InvalidInputError(
+            f"sample_weight must be an array of numbers, got {type(sample_weight).__name__}",
+            param="sample_weight",
+        ) from error
+    if w.shape != (n,):
         raise ShapeMismatchError(
-            f"{w.shape[0]} sample weights for {n} pairs",
+            f"sample weights of shape {tuple(w.shape)} for {n} pairs: give one per pair, "
+            f"shape ({n},)",
             expected=n,
-            got=w.shape[0],
+            got=tuple(w.shape),
             param="sample_weight",
         )
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or not bool(w.sum() > 0):

@@ -22,7 +22,7 @@ from torch import Tensor
 from lead import metrics
 from lead._apply import apply_stitch
 from lead._metric_inputs import _pair
-from lead._validation import as_matrix
+from lead._validation import as_matrix, check_stitch
 from lead.errors import InvalidInputError, ModelMismatchError, ShapeMismatchError
 from lead.retrieval import Qrels, retrieval_scores
 from lead.stitches import InvertibleStitch, Stitch, StitchInfo
@@ -349,12 +349,17 @@ def round_trip_scores(stitch: Stitch, X: Any, *, reverse: Stitch | None = None) 
         If ``reverse`` does not map the stitch's target model back to its source model.
     NonFiniteError, TooFewPairsError, NonFiniteOutputError
         For bad input, fewer than 4 rows, or NaN from a stitch.
+    InvalidInputError
+        If ``stitch`` or ``reverse`` is not a stitch.
 
     References
     ----------
     .. [1] Guo, Y. et al. (2023). All roads lead to Rome? Exploring the invariance of
        transformers' representations. arXiv:2305.14555 (round trips through bijective maps)
     """
+    check_stitch(stitch)
+    if reverse is not None:
+        check_stitch(reverse, "reverse")
     source = as_matrix(X, name="X")
     there = apply_stitch(stitch, source)
     if reverse is None:
@@ -423,7 +428,8 @@ def score_stitch(
     NonFiniteOutputError
         If the stitch produces NaN or infinity.
     InvalidInputError
-        If retrieval is asked for and no query has a relevant held-out document.
+        If retrieval is asked for and no query has a relevant held-out document, or
+        ``stitch`` or ``reverse`` is not a stitch.
 
     Examples
     --------
@@ -437,6 +443,9 @@ def score_stitch(
     >>> card.top1_accuracy_score, card.baselines["mean_estimator"]["r2_score"]
     (1.0, 0.0)
     """
+    check_stitch(stitch)
+    if reverse is not None:
+        check_stitch(reverse, "reverse")
     X, Y = _pair(X_test, Y_test, ("X_test", "Y_test"), same_dim=False)
     if Y.shape[1] != stitch.d_tgt:
         raise ShapeMismatchError(

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from lead._options import MAX_SEED, check_float_option, check_int_option
 from lead.errors import InvalidInputError, TooFewPairsError
 
 __all__ = ["MIN_SPLIT_SIDE", "early_stopping_split", "holdout_split", "kfold_indices"]
@@ -41,7 +42,8 @@ def holdout_split(
     Raises
     ------
     InvalidInputError
-        If ``holdout_fraction`` is not in (0, 1).
+        If ``holdout_fraction`` is not in (0, 1), or ``n`` or ``seed`` is not an integer
+        >= 0.
     TooFewPairsError
         If either side would have fewer than 4 rows.
 
@@ -51,12 +53,14 @@ def holdout_split(
     >>> len(train), len(test)
     (6, 4)
     """
-    if not 0.0 < float(holdout_fraction) < 1.0:
+    n = check_int_option(n, "n", minimum=0)
+    seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
+    fraction = check_float_option(holdout_fraction, "holdout_fraction", minimum=0.0, maximum=1.0)
+    if not 0.0 < fraction < 1.0:
         raise InvalidInputError(
             f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}",
             param="holdout_fraction",
         )
-    n = int(n)
     n_test = round(n * float(holdout_fraction))
     if n_test < MIN_SPLIT_SIDE or n - n_test < MIN_SPLIT_SIDE:
         raise TooFewPairsError(
@@ -86,7 +90,8 @@ def early_stopping_split(
     Raises
     ------
     InvalidInputError
-        If ``holdout_fraction`` is not in (0, 1).
+        If ``holdout_fraction`` is not in (0, 1), or ``n`` or ``seed`` is not an integer
+        >= 0.
     TooFewPairsError
         If ``n`` pairs are too few (the message gives the fewest that are enough).
     """
@@ -144,13 +149,13 @@ def kfold_indices(n: int, folds: int = 5, seed: int = 0) -> list[np.ndarray]:
     Raises
     ------
     InvalidInputError
-        If ``folds < 2``.
+        If ``folds`` is not an integer >= 2, or ``n`` or ``seed`` not one >= 0.
     TooFewPairsError
         If ``n < folds``.
     """
-    folds = int(folds)
-    if folds < 2:
-        raise InvalidInputError(f"folds must be at least 2, got {folds}", param="folds")
+    n = check_int_option(n, "n", minimum=0)
+    folds = check_int_option(folds, "folds", minimum=2)
+    seed = check_int_option(seed, "seed", minimum=0, maximum=MAX_SEED)
     if n < folds:
         raise TooFewPairsError(
             f"cannot split {n} pairs into {folds} folds", minimum=folds, got=int(n), param="folds"

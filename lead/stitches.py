@@ -455,26 +455,30 @@ class Stitch(nn.Module):
         self._check_input(x)
         return self._output(self._map(x - self.source_mean))
 
-    def _check_input(self, x: Tensor) -> None:
+    def _check_input(self, x: Tensor, *, inverse: bool = False) -> None:
+        """Refuse what the forward (or, ``inverse``, an invertible stitch's inverse) cannot
+        take: not a tensor, not floating, wider than the stitch's dtype, or not of shape
+        (n, d_src) ((n, d_tgt) for the inverse)."""
+        name, dim, call = ("y", self.d_tgt, "inverse") if inverse else ("x", self.d_src, "forward")
         if not isinstance(x, Tensor):  # numpy's "unsupported operand type(s) for -"
             raise InvalidInputError(
-                f"the forward takes a torch.Tensor, got {type(x).__name__}; "
+                f"the {call} takes a torch.Tensor, got {type(x).__name__}; "
                 "lead.apply_stitch takes arrays (and checks them)",
-                param="x",
+                param=name,
             )
         wider = torch.promote_types(x.dtype, self.source_mean.dtype)
         if not x.is_floating_point() or wider != self.source_mean.dtype:
             # torch's "expected m1 and m2 to have the same dtype" from deep in the map
             raise InvalidInputError(
                 f"the input is {x.dtype} but the stitch computes in "
-                f"{self.source_mean.dtype}: cast it (x.to({self.source_mean.dtype})), or "
+                f"{self.source_mean.dtype}: cast it ({name}.to({self.source_mean.dtype})), or "
                 "call lead.apply_stitch, which does",
-                param="x",
+                param=name,
             )
-        if x.ndim != 2 or x.shape[1] != self.d_src:
+        if x.ndim != 2 or x.shape[1] != dim:
             raise ShapeMismatchError(
-                f"expected input of shape (n, {self.d_src}), got {tuple(x.shape)}",
-                expected=self.d_src,
+                f"expected input of shape (n, {dim}), got {tuple(x.shape)}",
+                expected=dim,
                 got=tuple(x.shape),
             )
 
@@ -1293,7 +1297,8 @@ class InvertibleStitch(Stitch):
         Parameters
         ----------
         y : Tensor of shape (n, d_tgt)
-            Target-model vectors, any floating dtype, on the stitch's device.
+            Target-model vectors on the stitch's device, in its dtype or a narrower
+            floating one (float16 and bfloat16 are promoted).
 
         Returns
         -------
@@ -1305,13 +1310,12 @@ class InvertibleStitch(Stitch):
         ------
         ShapeMismatchError
             If ``y`` is not two-dimensional with ``d_tgt`` columns.
+        InvalidInputError
+            If ``y`` is not a tensor, not floating, or wider than the stitch's dtype
+            (float64 into a float32 stitch; :func:`lead.apply_stitch` with ``inverse=True``
+            takes arrays of any of them).
         """
-        if y.ndim != 2 or y.shape[1] != self.d_tgt:
-            raise ShapeMismatchError(
-                f"expected input of shape (n, {self.d_tgt}), got {tuple(y.shape)}",
-                expected=self.d_tgt,
-                got=tuple(y.shape),
-            )
+        self._check_input(y, inverse=True)
         if self.normalize_output and self.normalize_inverse_output:
             x = self._inverse_on_ray(y)
         else:

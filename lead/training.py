@@ -15,7 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from lead._epochs import train_epochs
-from lead._validation import check_config_fields, check_device, check_pairs
+from lead._validation import (
+    check_callable,
+    check_config,
+    check_config_fields,
+    check_device,
+    check_pairs,
+)
 from lead.closed_form import ProgressCallback, fit_ridge
 from lead.errors import InvalidInputError
 from lead.splits import early_stopping_split
@@ -194,6 +200,8 @@ def train_mlp(
         For bad inputs, or too few pairs to hold out 4 of them.
     FitError
         If the training loss becomes NaN or infinite (lower ``lr``).
+    InvalidInputError
+        If ``config`` is not a :class:`MLPConfig` or ``progress`` is not callable.
 
     Notes
     -----
@@ -218,6 +226,8 @@ def train_mlp(
        NeurIPS.
     """
     config = config if config is not None else MLPConfig()
+    check_config(config, MLPConfig)
+    check_callable(progress, "progress")
     X, Y = check_pairs(X, Y, minimum=8)
     n, d_src = X.shape
     d_tgt = Y.shape[1]

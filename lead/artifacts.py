@@ -386,6 +386,11 @@ def read_stitch_config(folder: str | Path) -> dict[str, Any]:
         _check_type(config, key, dict, "", "an object or null")
     for key in ("normalize_output", "output_scale"):
         _check_type(config, key, bool, "", "true or false")
+    dtype = config.get("dtype")
+    if dtype is not None and dtype not in STORAGE_DTYPES:  # what the card and the API show
+        raise StitchFormatError(
+            f"config dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r:.80}"
+        )
     return config
 
 

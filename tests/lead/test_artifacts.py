@@ -287,6 +287,9 @@ def test_unknown_architecture(saved: Path) -> None:
         ({"source__revision": 123}, "source.revision must be a string or null"),
         ({"target__normalized": "no"}, "target.normalized must be true or false"),
         ({"normalize_output": 1}, "normalize_output must be true or false"),
+        # shown by the card and GET /v1/stitches as the storage dtype (a user trial)
+        ({"dtype": "int8"}, "dtype must be one of float32, float16, bfloat16, got 'int8'"),
+        ({"dtype": 16}, "dtype must be one of"),
     ],
 )
 def test_bad_config_is_a_format_error(saved: Path, changes: dict[str, Any], message: str) -> None:

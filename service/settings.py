@@ -333,7 +333,8 @@ class Settings(BaseSettings):
         ge=1,
         le=10,
         description="Times a job is started at most: a job whose replica, worker or Ray node "
-        "died is queued again until it has been started this many times, then `failed`.",
+        "died is queued again until it has been started this many times, then `failed`. A "
+        "graceful stop of its replica (SIGTERM: a deploy) queues it again without counting.",
     )
     max_dataset_bytes: int = Field(
         default=1024 * 1024 * 1024, ge=1, description="Size of an uploaded dataset file."

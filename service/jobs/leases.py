@@ -13,6 +13,11 @@ back with :meth:`LeaseOps.release`. Settling a job (one transaction per job):
 * fewer than ``max_attempts`` attempts → ``queued`` again, for any runner to claim;
 * else → ``failed`` with the code ``interrupted``.
 
+A graceful stop (a deploy, a configuration change) is not the job's fault: :meth:`LeaseOps.
+release` queues the job again and gives its attempt back, so only runs that died or lost
+their lease count against ``max_attempts`` (an adversarial pass saw two routine restarts
+fail a training job).
+
 Lease times come from the database's clock (one clock for every replica), in Unix seconds.
 """
 
@@ -64,7 +69,8 @@ def _interrupted(why: str, attempts: int) -> dict[str, str]:
 
 
 def _settle(conn: Connection, row: dict[str, Any], max_attempts: int, why: str) -> JobRecord:
-    """Settle one held job (``row``, locked by the caller's transaction); its new record."""
+    """Settle one held job (``row``, locked by the caller's transaction); its new record.
+    ``max_attempts`` 0: a graceful stop, queued again with its attempt given back."""
     sets: dict[str, Any] = {"lease_until": None}
     result = loads(row["result"])
     if result is not None:
@@ -77,9 +83,11 @@ def _settle(conn: Connection, row: dict[str, Any], max_attempts: int, why: str) 
         sets |= {"status": "succeeded", "finished_at": time.time(), "result": dumps(result)}
     elif row["status"] == "cancelling":
         sets |= {"status": "cancelled", "finished_at": time.time()}
-    elif row["attempts"] < max_attempts:
+    elif row["attempts"] < max_attempts or not max_attempts:
         sets |= {"status": "queued", "owner": None, "started_at": None, "stage": None}
         sets |= {"step": 0, "total": 0, "scorecard": None}
+        if not max_attempts:  # a graceful stop: this run does not count
+            sets["attempts"] = max(row["attempts"] - 1, 0)
     else:
         error = _interrupted(why, row["attempts"])
         sets |= {"status": "failed", "finished_at": time.time(), "error": dumps(error)}
@@ -184,12 +192,13 @@ class LeaseOps:
                     settled.append(_settle(conn, row, max_attempts, why))
         return settled
 
-    def release(self, owner: str, max_attempts: int) -> list[JobRecord]:
+    def release(self, owner: str) -> list[JobRecord]:
         """Hand back the jobs that ``owner`` holds, at a graceful stop of its runner: settled
-        as :meth:`reap` does (queued again while attempts remain); the settled jobs."""
+        as :meth:`reap` does, except that a job that must run again is queued with its
+        attempt given back (the stop was not its fault); the settled jobs."""
         with self._db.transaction() as conn:
             rows = conn.execute(
                 f"SELECT * FROM jobs WHERE owner = ? AND {_HELD} ORDER BY seq{self._db.for_update}",
                 (owner,),
             ).fetchall()
-            return [_settle(conn, row, max_attempts, "its replica stopped") for row in rows]
+            return [_settle(conn, row, 0, "its replica stopped") for row in rows]

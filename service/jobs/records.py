@@ -30,7 +30,8 @@ def dumps(value: Any) -> str | None:
 class JobRecord:
     """One training job as stored. ``request`` is the normalised request body.
 
-    ``attempts`` counts the times a runner claimed the job; ``owner`` is the runner that
+    ``attempts`` counts the times a runner claimed the job, less the runs that a graceful
+    stop handed back (:meth:`~service.jobs.leases.LeaseOps.release`); ``owner`` is the runner that
     holds (or last held) it (see :func:`service.jobs.leases.owner_id`) and ``lease_until``
     (Unix seconds) the end of its lease, None when no runner holds it.
     """

@@ -11,7 +11,8 @@ number of runners (one per server process, on any number of machines) share one 
   it could not renew was taken away from it (its lease ran out meanwhile) and is stopped;
 - every runner **reaps** jobs whose lease ran out or whose owner process is gone
   (:meth:`~service.jobs.store.JobStore.reap`): queued again until they have been started
-  ``max_attempts`` times, then ``failed`` with the code ``interrupted``;
+  ``max_attempts`` times, then ``failed`` with the code ``interrupted``; a runner that
+  stops gracefully hands its jobs back queued, their attempts given back;
 - a cancellation asked through any server (``cancelling`` in the store) is seen within half
   a second; the job has ``cancel_grace_s`` seconds to stop itself before it is killed;
 - on a job's success, ``on_succeeded`` (which registers the stitch for translation) runs
@@ -130,13 +131,14 @@ class JobLoop:
 
     def stop(self) -> None:
         """Stop the supervisor and every job of this runner; its running jobs are queued
-        again for another server (or ``failed`` / ``interrupted`` after their last attempt).
+        again for another server, their attempts given back (a graceful stop does not count
+        against ``max_attempts``).
         """
         if not self._halt():
             return
         for job_id in list(self.running):
             self._abort(job_id)
-        self.store.release(self.owner, self.max_attempts)
+        self.store.release(self.owner)
         self.running.clear()
         self._close()
 

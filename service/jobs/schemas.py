@@ -408,8 +408,10 @@ class JobOut(BaseModel):
     )
     resources: JobResources | None = Field(description="What the job asked of Ray.")
     attempts: int = Field(
-        description="Times the job was started: a job whose server or worker died is queued "
-        "again until it has been started `LEAD_JOB_MAX_ATTEMPTS` times."
+        description="Times the job was started, less the runs a graceful server stop handed "
+        "back: a job whose server or worker died is queued again until it has been started "
+        "`LEAD_JOB_MAX_ATTEMPTS` times; one whose server stopped gracefully (a deploy) is "
+        "queued again without using up an attempt."
     )
     progress: JobProgress
     created_at: int = Field(description="Unix seconds.")

@@ -78,7 +78,8 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
         requeued = wait_job(second, queued["id"])  # queued jobs run after the restart
         assert requeued["status"] == "succeeded", requeued
 
-        # a normal shutdown during the last attempt also ends it as interrupted, at once
+        # a normal shutdown during the last attempt queues it again, the attempt given
+        # back (it was failed as interrupted: two deploys lost a long training)
         r = second.post("/v1/jobs", json={**models, "dataset": dataset, "method": "mlp",
                                           "options": SLOW_MLP})  # fmt: skip
         stopped = wait_job(second, r.json()["id"], until=_training)
@@ -86,7 +87,7 @@ def test_restart_in_the_middle_of_a_job(tmp_path: Path, scifact_small: Any) -> N
         second.__exit__(None, None, None)
     store = JobStore(data_dir / "lead.sqlite3")
     job = store.get_job(stopped["id"])
-    assert (job.status, job.error and job.error["code"]) == ("failed", "interrupted")
+    assert (job.status, job.attempts, job.error) == ("queued", 0, None)
     assert store.get_job(requeued["id"]).status == "succeeded"
     store.close()
 
@@ -148,7 +149,7 @@ def test_a_job_cut_short_by_a_crash_is_started_again(tmp_path: Path, scifact_sma
     second = make_jobs_client(data_dir, job_lease_seconds=1.0)
     try:
         again = wait_job(second, job["id"], timeout=120)
-        assert (again["status"], again["attempts"]) == ("succeeded", 2), again
+        assert (again["status"], again["attempts"]) == ("succeeded", 2), again  # a crash counts
         r = second.post(
             "/v1/translate",
             json={"stitch": again["stitch_id"], "input": b64(scifact_small.queries["minilm"][:3])},
@@ -275,6 +276,7 @@ def test_a_sigterm_to_the_process_group_leaves_the_job_to_the_server(
     second = make_jobs_client(data_dir)
     try:
         again = wait_job(second, job["id"], timeout=120)
-        assert (again["status"], again["attempts"]) == ("succeeded", 2), again
+        # the graceful stop gave its attempt back: this run is the first that counts
+        assert (again["status"], again["attempts"]) == ("succeeded", 1), again
     finally:
         second.__exit__(None, None, None)

@@ -65,8 +65,11 @@ def train_epochs(
             if loss is None:
                 continue
             if not torch.isfinite(loss):
+                decay = max(group.get("weight_decay", 0.0) for group in optimizer.param_groups)
+                also = f" or weight_decay (now {decay:g})" if decay else ""
                 raise FitError(
-                    f"training loss became non-finite in epoch {epoch}; try a lower lr (now {lr:g})"
+                    f"training loss became non-finite in epoch {epoch}; try a lower lr "
+                    f"(now {lr:g}){also}"
                 )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]

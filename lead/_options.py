@@ -20,9 +20,12 @@ from lead.errors import InvalidInputError
 
 __all__ = [
     "API_KEY",
+    "ECHO_LIMIT",
     "FIT_METHODS_HELP",
     "check_float_option",
     "check_int_option",
+    "cut",
+    "echo",
     "fraction_argument",
     "name_problem",
     "open_fraction_argument",
@@ -75,11 +78,15 @@ _UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 def name_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a name (a model id, a path): empty or blank, or holding a
-    character that is not shown as itself (a control, a bidi override, a line separator);
-    None when it can. A name is shown in listings, logs, ids and metric labels."""
+    """Why ``text`` cannot be a name (a model id, a path): empty or blank, starting or
+    ending with whitespace (``"m "`` and ``"m"`` would be two models, shown alike), or
+    holding a character that is not shown as itself (a control, a bidi override, a line
+    separator); None when it can. A name is shown in listings, logs, ids and metric
+    labels."""
     if not text.strip():
         return "must not be empty"
+    if text != text.strip():
+        return "must not start or end with whitespace"
     for c in text:
         if unicodedata.category(c) in _UNPRINTABLE:
             return f"must not hold the control or format character U+{ord(c):04X}"
@@ -165,6 +172,25 @@ def open_fraction_argument(text: str) -> float:
         Shown by argparse as a usage error.
     """
     return _float_argument(text, "a number", lambda v: 0 < v < 1, "in (0, 1)")
+
+
+#: Most characters of a client's value that a message quotes (:func:`echo`).
+ECHO_LIMIT = 200
+
+
+def echo(value: str, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with an ellipsis.
+
+    Client-supplied names and ids can be megabytes long; a message quotes only their start.
+    """
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
+def cut(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis (an error's ``param``)."""
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _shown(value: Any) -> Any:

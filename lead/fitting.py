@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lead._options import MAX_SEED, check_int_option
+from lead._options import MAX_SEED, check_int_option, cut, echo
 from lead._validation import (
     as_matrix,
     check_bool,
@@ -91,6 +91,10 @@ def _keyword_options(function: Callable[..., Any]) -> set[str]:
     return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY} - skip
 
 
+#: Unknown option names that a message lists (the rest are counted).
+_SHOWN_OPTIONS = 10
+
+
 def check_method_options(method: Any, options: dict[str, Any]) -> str:
     """Check a method name, its option names and their values, before any fitting.
 
@@ -115,7 +119,8 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
     canonical = METHODS.get(str(method).lower())
     if canonical is None:
         raise InvalidInputError(
-            f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method"
+            f"unknown method {echo(str(method))}; choose one of {', '.join(METHODS)}",
+            param="method",
         )
     configs = {"mlp": MLPConfig, "invertible": InvertibleConfig}
     functions: dict[str, Callable[..., Stitch]] = {
@@ -132,10 +137,12 @@ def check_method_options(method: Any, options: dict[str, Any]) -> str:
     }[canonical]
     unknown = sorted(set(options) - allowed)
     if unknown:
+        shown = ", ".join(cut(str(name)) for name in unknown[:_SHOWN_OPTIONS])
+        more = f" and {len(unknown) - _SHOWN_OPTIONS} more" if len(unknown) > _SHOWN_OPTIONS else ""
         raise InvalidInputError(
-            f"unknown option(s) for method {canonical!r}: {', '.join(unknown)}; "
+            f"unknown option(s) for method {canonical!r}: {shown}{more}; "
             f"allowed: {', '.join(sorted(allowed)) or 'none'}",
-            param=unknown[0],
+            param=cut(str(unknown[0])),
         )
     if canonical == "ridge":
         if options.get("alpha") is not None:  # None: chosen on held-out pairs

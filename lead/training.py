@@ -31,7 +31,17 @@ __all__ = ["INITS", "LOSSES", "MLPConfig", "train_mlp"]
 
 LOSSES = ("mse", "cosine", "infonce")
 #: Largest accepted values: a request can not make training exhaust memory or run forever.
-_MOST = {"hidden_dim": 16384, "depth": 16, "max_epochs": 100_000}
+#: (``lr`` and ``weight_decay`` as for :class:`lead.invertible.InvertibleConfig`: far above
+#: any that trains; 1e30 was accepted and failed in the second epoch)
+_MOST = {
+    "hidden_dim": 16384,
+    "depth": 16,
+    "max_epochs": 100_000,
+    "lr": 10.0,
+    "weight_decay": 1e3,
+    "init_scale": 1000.0,
+    "init_offset": 1000.0,
+}
 INITS = ("ridge-features", "ridge")
 #: The affine weight starts at the ridge optimum: it is fine-tuned at a tenth of the lr.
 _AFFINE_LR_SCALE = 0.1
@@ -50,8 +60,8 @@ class MLPConfig:
         loss of predicted against true target vectors.
     lr, weight_decay : float
         AdamW learning rate of the MLP layers (the affine ``weight``, already at the ridge
-        optimum, moves at a tenth of it), and their decoupled weight decay (the affine
-        ``weight`` is not decayed).
+        optimum, moves at a tenth of it), at most 10, and their decoupled weight decay (the
+        affine ``weight`` is not decayed), at most 1,000.
     batch_size, max_epochs, patience : int
         Mini-batch size; most epochs (at most 100,000); epochs without held-out improvement
         before stopping.
@@ -67,7 +77,8 @@ class MLPConfig:
         affine weight and the last layer are solved jointly by ridge on ``[x, h(x)]``, a
         closed-form random-feature fit that gradient training then refines.
     init_scale, init_offset : float
-        Sharpness and threshold of the ``ridge-features`` units (on cosine similarity).
+        Sharpness and threshold of the ``ridge-features`` units (on cosine similarity),
+        each at most 1,000.
     seed : int
         Seeds the MLP initialisation, the held-out split and the shuffling.
     device : str

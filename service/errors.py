@@ -32,6 +32,7 @@ from starlette.routing import Match, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import errors as le
+from lead._options import cut, echo
 from service.paths import route_path
 
 __all__ = [
@@ -56,9 +57,6 @@ REQUEST_ID_SCOPE_KEY = "lead.request_id"
 #: Status recorded for a request whose client disconnected before it was answered (nginx's
 #: "client closed request"); the client never sees it.
 CLIENT_CLOSED_STATUS = 499
-
-#: Longest client-supplied value (an id, a path) echoed in an error message.
-ECHO_LIMIT = 200
 
 
 class ErrorKind(NamedTuple):
@@ -122,16 +120,6 @@ _HTTP_CODES = {
     422: "validation_error",
     429: "overloaded",
 }
-
-
-def echo(value: str, limit: int = ECHO_LIMIT) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters with an ellipsis.
-
-    Client-supplied ids can be megabytes long; a message quotes only their start.
-    """
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
 
 
 def kind_of(exc: le.LeadError) -> ErrorKind:
@@ -298,15 +286,10 @@ def _allowed_methods(request: Request) -> list[str]:
 _HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 
 
-def _cut(name: str, limit: int = ECHO_LIMIT) -> str:
-    """``name`` cut to ``limit`` characters with an ellipsis."""
-    return name if len(name) <= limit else f"{name[:limit]}…"
-
-
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
     # pydantic names the member of a union it tried ("list[list[float]]"): not a field
     parts = [
-        _cut(str(p))  # a field name is the client's: 20 MB of it were echoed twice
+        cut(str(p))  # a field name is the client's: 20 MB of it were echoed twice
         for p in loc
         if p not in ("body", "query", "path", "header") and not re.search(r"[\[(]", str(p))
     ]

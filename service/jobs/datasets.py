@@ -124,11 +124,12 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
                 got=len(ids),
                 param=key,
             )
-        if key == "corpus_ids" and len(set(ids)) != len(ids):  # retrieval would refuse them
+        if len(set(ids)) != len(ids):  # retrieval would refuse them, or count a query twice
             repeated = next(i for i, c in Counter(ids).items() if c > 1)
+            what = "document" if key == "corpus_ids" else "query"
             raise InvalidInputError(
-                f"corpus_ids holds {len(ids) - len(set(ids))} duplicate id(s), such as "
-                f"{repeated!r:.80}: each document needs its own id",
+                f"{key} holds {len(ids) - len(set(ids))} duplicate id(s), such as "
+                f"{repeated!r:.80}: each {what} needs its own id",
                 param=key,
             )
     if not isinstance(qrels, dict) or not all(

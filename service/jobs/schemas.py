@@ -17,7 +17,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from lead._options import MAX_SEED, name_problem
+from lead._options import MAX_SEED, echo, name_problem
 from lead.errors import InvalidInputError, NonFiniteError
 from service.encoding import json_kind
 from service.jobs.layout import STITCH_ID_PATTERN
@@ -288,7 +288,7 @@ class JobCreate(PairsInput):
         from lead.fitting import METHODS
 
         if value.lower() not in METHODS:
-            raise ValueError(f"unknown method {value!r}; choose one of {', '.join(METHODS)}")
+            raise ValueError(f"unknown method {echo(value)}; choose one of {', '.join(METHODS)}")
         return value.lower()
 
     @field_validator("options")

@@ -706,6 +706,7 @@ def test_a_negative_seed_is_a_usage_error(
     [
         ("--out", "", "--out: must not be empty"),  # it wrote into the current folder
         ("--source-model", " ", "--source-model: must not be empty"),  # recorded as is
+        ("--source-model", "m ", "--source-model: must not start or end with whitespace"),
         ("--target-model", "x\ny", "--target-model: must not hold the control or format"),
     ],
 )

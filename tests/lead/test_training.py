@@ -42,6 +42,9 @@ def test_config_is_frozen_and_fast_by_default() -> None:
         {"loss": "hinge"},
         {"lr": -1.0},
         {"lr": 0},
+        {"lr": 1e30},  # accepted, and the fit failed in its second epoch (a user trial)
+        {"weight_decay": 1e30},  # the same, blamed on lr
+        {"init_scale": 1e6},
         {"hidden_dim": 0},
         {"depth": 1.5},
         {"batch_size": True},
@@ -140,8 +143,11 @@ def test_cancellation_from_the_callback_propagates() -> None:
 
 def test_divergence_is_a_fit_error() -> None:
     X, Y = _nonlinear_pairs(200)
-    with pytest.raises(FitError, match="lower lr"):
-        train_mlp(X, Y, MLPConfig(**FAST, lr=1e12, patience=100))
+    # the largest lr and weight decay the config takes (1e12 was accepted before)
+    with pytest.raises(FitError, match=r"lower lr \(now 10\) or weight_decay \(now 1000\)"):
+        train_mlp(
+            X, Y, MLPConfig(**{**FAST, "batch_size": 4}, lr=10, weight_decay=1e3, patience=100)
+        )
 
 
 def test_too_few_pairs_to_hold_out() -> None:

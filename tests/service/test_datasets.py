@@ -340,6 +340,10 @@ BAD_UPLOADS: list[tuple[str, Any, dict[str, str], int, str]] = [
     # every job on it failed later ("corpus_ids holds duplicate ids")
     ("corpus ids repeated", lambda X, Y: _retrieval(X, Y, corpus_ids=json.dumps(["d0"] * 50)),
      OCTET, 400, "invalid_input"),
+    # its jobs failed with "none of the 3 queries has a document judged relevant", which
+    # did not point at the repeats (an adversarial pass)
+    ("query ids repeated", lambda X, Y: _retrieval(X, Y, query_ids=json.dumps(["q0"] * 3)),
+     OCTET, 400, "invalid_input"),
     ("query dim", lambda X, Y: dataset_bytes(X, Y, _retrieval_meta(), source_queries=X[:3, :10],
      target_queries=Y[:3]), OCTET, 422, "shape_mismatch"),
     ("0 query rows", lambda X, Y: dataset_bytes(X, Y, {**_retrieval_meta(), "query_ids": "[]",

@@ -271,7 +271,12 @@ def test_cancel_a_running_and_a_queued_job(
 @pytest.mark.parametrize(
     ("method", "options", "code"),
     [
-        ("mlp", {"lr": 1e30, "hidden_dim": 16}, "fit_failed"),  # training diverges
+        # training diverges (the largest lr and weight decay a submission takes)
+        (
+            "mlp",
+            {"lr": 10.0, "weight_decay": 1000.0, "hidden_dim": 16, "batch_size": 4},
+            "fit_failed",
+        ),
     ],
 )
 def test_a_job_that_cannot_fit_fails_with_a_reason(
@@ -283,7 +288,8 @@ def test_a_job_that_cannot_fit_fails_with_a_reason(
     job = wait_job(jobs, r.json()["id"])
     assert job["status"] == "failed", job
     assert job["error"]["code"] == code
-    assert job["error"]["message"]
+    # both knobs named: weight decay alone was not blamed (an adversarial pass)
+    assert "try a lower lr (now 10) or weight_decay (now 1000)" in job["error"]["message"]
     assert job["result"] is None and job["scorecard"] is None
     assert jobs.get(f"/v1/stitches/{job['stitch_id']}").status_code == 404
 
@@ -391,6 +397,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str]] = [
     ("a bidi override in a model", lambda sf: tiny_body(sf, target_model="a/x\u202egnp.exe"),
      422, "validation_error"),
     ("a blank model", lambda sf: tiny_body(sf, target_model="   "), 422, "validation_error"),
+    # "m " and "m" were two models, shown alike (an adversarial pass)
+    ("a model ending in a space", lambda sf: tiny_body(sf, source_model=MINILM + " "), 422,
+     "validation_error"),
     ("unknown method", lambda sf: tiny_body(sf, method="lasso"), 422, "validation_error"),
     ("seed as option", lambda sf: tiny_body(sf, options={"seed": 1}), 422, "validation_error"),
     ("holdout 1.5", lambda sf: tiny_body(sf, holdout_fraction=1.5), 422, "validation_error"),
@@ -640,6 +649,16 @@ def test_unknown_options_of_the_seed_methods_are_refused(
         assert f"unknown option(s) for method {method!r}: {option}" in r.json()["error"]["message"]
     after = jobs.get("/v1/jobs", params={"limit": 100}).json()["data"]
     assert len(after) == before  # nothing was queued
+    # a name of 100,000 characters was quoted in full, twice (a 100 kB error; an
+    # adversarial pass): quoted cut, as ids and paths are
+    long = "k" * 100_000
+    for body in (
+        tiny_body(scifact_small, n=40, options={long: 1, **{f"o{i}": 1 for i in range(30)}}),
+        tiny_body(scifact_small, n=40, method=long),
+    ):
+        r = jobs.post("/v1/jobs", json=body)
+        assert r.status_code == 422 and len(r.content) < 3000, (r.status_code, len(r.content))
+        assert "…" in r.json()["error"]["message"]
 
 
 def test_a_job_must_name_the_models_its_dataset_records(

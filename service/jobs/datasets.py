@@ -49,10 +49,12 @@ __all__ = [
     "PairedData",
     "any_judged",
     "check_dimension",
+    "check_judged_held_out",
     "inspect_dataset",
     "load_paired",
     "publish",
     "receive_upload",
+    "retrieval_meta",
     "save_pairs",
 ]
 
@@ -149,6 +151,46 @@ def _check_retrieval_meta(meta: dict[str, str], n: int, m: int) -> None:
             got=0,
             param="qrels",
         )
+
+
+def check_judged_held_out(
+    retrieval: dict[str, Any], test_idx: Any, holdout_fraction: float
+) -> list[str]:
+    """The ids of the held-out documents (rows ``test_idx``) of a dataset's ``retrieval``
+    metadata (``query_ids``, ``corpus_ids``, ``qrels``), which some query must judge.
+
+    Raises
+    ------
+    InvalidInputError
+        No query has a document judged relevant among the held-out documents, so a job
+        could compute no retrieval score: checked when the job is submitted and again
+        before it trains.
+    """
+    held_out = [retrieval["corpus_ids"][i] for i in test_idx]
+    if not any_judged(retrieval["query_ids"], held_out, retrieval["qrels"]):
+        raise InvalidInputError(
+            f"none of the {len(retrieval['query_ids'])} queries has a document judged "
+            f"relevant among the {len(held_out)} held-out documents (holdout_fraction "
+            f"{holdout_fraction:g} of {len(retrieval['corpus_ids'])} pairs), so no retrieval "
+            "score could be computed: raise holdout_fraction, judge more documents, or upload "
+            "the dataset without query tensors",
+            param="qrels",
+        )
+    return held_out
+
+
+def retrieval_meta(path: Path) -> dict[str, Any] | None:
+    """A dataset file's ``query_ids``, ``corpus_ids`` and ``qrels`` (its header only), or
+    None when it has none (or the file is not here: on a shared store, another replica's
+    upload)."""
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+    except Exception:  # not here, or unreadable: the job's worker reads it and says so
+        return None
+    if not all(key in meta for key in _RETRIEVAL_META):
+        return None
+    return {key: json.loads(meta[key]) for key in _RETRIEVAL_META}
 
 
 def any_judged(query_ids: list[str], corpus_ids: list[str], qrels: dict[str, Any]) -> bool:

@@ -43,10 +43,12 @@ from service.encoding import decode_vectors
 from service.errors import echo
 from service.jobs.datasets import (
     check_dimension,
+    check_judged_held_out,
     inspect_dataset,
     load_paired,
     publish,
     receive_upload,
+    retrieval_meta,
     save_pairs,
 )
 from service.jobs.layout import DataLayout
@@ -355,7 +357,12 @@ class JobManager:
                 }
             )
         # enough pairs on both sides?
-        train, _ = holdout_split(pairs, body.holdout_fraction, body.seed)
+        train, test = holdout_split(pairs, body.holdout_fraction, body.seed)
+        if body.dataset is not None and dataset.info.get("retrieval"):
+            # a held-out split without a judged document: the job would train, then fail
+            meta = retrieval_meta(self.layout.root / data_path)
+            if meta is not None:
+                check_judged_held_out(meta, test, body.holdout_fraction)
         if METHODS[body.method] in ("local", "gated"):  # k within the memory, before training
             check_local_rows(body.options, len(train), param="options.k")
         _check_early_stopping_rows(

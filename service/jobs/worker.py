@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lead.errors import InvalidInputError, JobCancelledError, LeadError
+from lead.errors import JobCancelledError, LeadError
 from service.jobs.layout import DataLayout
 from service.jobs.stitch_store import StitchStore, open_stitch_store
 from service.jobs.store import JobRecord, JobStore
@@ -178,28 +178,18 @@ def _retrieval_data(data: Any, test_idx: Any, holdout_fraction: float) -> Any:
         before training (the job trained first, then failed).
     """
     from lead.scorecard import RetrievalData
-    from service.jobs.datasets import any_judged
+    from service.jobs.datasets import check_judged_held_out
 
     if data.retrieval is None:
         return None
     r = data.retrieval
-    held_out = [r["corpus_ids"][i] for i in test_idx]
-    qrels = r["qrels"]
-    if not any_judged(r["query_ids"], held_out, qrels):
-        raise InvalidInputError(
-            f"none of the {len(r['query_ids'])} queries has a document judged relevant "
-            f"among the {len(held_out)} held-out documents (holdout_fraction "
-            f"{holdout_fraction:g} of {len(r['corpus_ids'])} pairs), so no retrieval score "
-            "could be computed: raise holdout_fraction, judge more documents, or upload the "
-            "dataset without query tensors",
-            param="qrels",
-        )
+    held_out = check_judged_held_out(r, test_idx, holdout_fraction)
     return RetrievalData(
         target_queries=r["target_queries"],
         source_queries=r["source_queries"],
         query_ids=r["query_ids"],
         corpus_ids=held_out,
-        qrels=qrels,
+        qrels=r["qrels"],
     )
 
 

@@ -15,6 +15,10 @@ from service.jobs.records import DatasetRecord, dumps
 __all__ = ["DatasetOps"]
 
 
+#: The statuses of a job that will not run again, as SQL literals.
+_FINISHED = "'succeeded', 'failed', 'cancelled'"
+
+
 class DatasetOps:
     """The dataset and blob operations of :class:`~service.jobs.store.JobStore` (a mixin)."""
 
@@ -104,12 +108,23 @@ class DatasetOps:
         return [DatasetRecord.from_row(r) for r in rows[:limit]], len(rows) > limit
 
     def data_paths(self) -> set[str]:
-        """Paths (relative to the data dir) of every dataset file and job data file on record."""
+        """Paths (relative to the data dir) of every dataset file, and of the inline pairs
+        of every job that may still run (a finished job's are no longer needed)."""
         conn = self._db.connection()
         rows = conn.execute(
-            "SELECT path FROM datasets UNION SELECT data_path AS path FROM jobs"
+            "SELECT path FROM datasets UNION SELECT data_path AS path FROM jobs "
+            f"WHERE dataset_id IS NOT NULL OR status NOT IN ({_FINISHED})"
         ).fetchall()
         return {r["path"] for r in rows}
+
+    def finished_job_data(self) -> set[str]:
+        """Paths (relative to the data dir) of the inline pairs of finished jobs
+        (succeeded, failed or cancelled): never read again, to be removed."""
+        conn = self._db.connection()
+        rows = conn.execute(
+            f"SELECT data_path FROM jobs WHERE dataset_id IS NULL AND status IN ({_FINISHED})"
+        ).fetchall()
+        return {r["data_path"] for r in rows}
 
     def delete_dataset(self, dataset_id: str) -> DatasetRecord:
         """Forget a dataset and its shared bytes (the caller removes its file).

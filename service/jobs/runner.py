@@ -48,6 +48,8 @@ Outcome = tuple[str, str, str | None]
 
 _TICK_S = 0.05
 _STATUS_EVERY_S = 0.5
+#: How often the runner removes what jobs finished elsewhere left (``on_sweep``).
+_SWEEP_EVERY_S = 30.0
 
 
 class Runner(Protocol):
@@ -87,6 +89,10 @@ class JobLoop:
         Seconds a job has to stop after a cancellation before it is killed.
     poll_s : float, default 1
         How often to look for jobs queued through other servers.
+    on_sweep : callable, optional
+        ``on_sweep()`` after this runner settles jobs and every :data:`_SWEEP_EVERY_S`
+        seconds (jobs finished elsewhere): removes what finished jobs left (their inline
+        pairs). What it raises is logged.
     """
 
     def __init__(
@@ -98,9 +104,11 @@ class JobLoop:
         max_attempts: int = 2,
         cancel_grace_s: float = 10.0,
         poll_s: float = 1.0,
+        on_sweep: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.on_succeeded = on_succeeded
+        self.on_sweep = on_sweep
         self.lease_s, self.max_attempts = lease_s, max_attempts
         self.cancel_grace_s, self.poll_s = cancel_grace_s, poll_s
         self.owner = owner_id()
@@ -202,8 +210,12 @@ class JobLoop:
                 self._stopping.wait(0.5)
 
     def _tick(self) -> None:
+        settled = False
         for job_id, outcome, message in self._poll():
             self._settle(job_id, outcome, message)
+            settled = True
+        if self.on_sweep is not None and (settled or self._every("sweep", _SWEEP_EVERY_S)):
+            self.on_sweep()
         if self.running and self._every("renew", self.lease_s / 3):
             kept = self.store.renew_leases(self.owner, list(self.running), self.lease_s)
             for job_id in set(self.running) - kept:

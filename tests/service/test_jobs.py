@@ -11,6 +11,7 @@ import math
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,9 @@ def test_stitch_listing_shows_the_trained_stitch(
     assert r.json()["scorecard"] == job["scorecard"]
 
 
-def test_inline_job_honours_its_split_seed_and_method(jobs: TestClient, scifact_small: Any) -> None:
+def test_inline_job_honours_its_split_seed_and_method(
+    jobs: TestClient, scifact_small: Any, data_dir: Path
+) -> None:
     sf = scifact_small
     # (ridge: unique even with fewer pairs than dimensions; Procrustes would not be)
     body = tiny_body(
@@ -222,6 +225,14 @@ def test_inline_job_honours_its_split_seed_and_method(jobs: TestClient, scifact_
     )
     assert r.status_code == 200, r.text
     assert r.json()["stitch"]["id"] == "minilm-to-pml3-inline"
+    # its inline pairs are removed once it finished (they were kept for good, unlisted: an
+    # adversarial pass)
+    pairs = data_dir / "job-data" / f"{job['id']}.safetensors"
+    deadline = time.monotonic() + 10
+    while pairs.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pairs.exists()
+    assert jobs.get(f"/v1/jobs/{job['id']}").json() == job  # the record is kept
 
 
 def test_cancel_a_running_and_a_queued_job(

@@ -43,6 +43,7 @@ __all__ = [
     "check_device",
     "check_fitted",
     "check_float32_range",
+    "check_instance",
     "check_pairs",
     "check_stitch",
 ]
@@ -57,6 +58,20 @@ MAX_SPREAD_RATIO = 1.0 / float(_FLOAT32.eps)
 _FITTED_ROWS = 1024
 
 
+def check_instance(value: Any, cls: type, name: str, *, what: str, how: str) -> None:
+    """Refuse a ``value`` that is not an instance of ``cls``.
+
+    Raises
+    ------
+    InvalidInputError
+        ``"{name} must be {what} ({how}), got {type}"``, ``param`` ``name``.
+    """
+    if not isinstance(value, cls):
+        raise InvalidInputError(
+            f"{name} must be {what} ({how}), got {type(value).__name__}", param=name
+        )
+
+
 def check_stitch(stitch: Any, name: str = "stitch") -> None:
     """Refuse anything but a :class:`~lead.stitches.Stitch` (a path, a plain module, None).
 
@@ -67,12 +82,8 @@ def check_stitch(stitch: Any, name: str = "stitch") -> None:
     """
     from lead.stitches import Stitch
 
-    if not isinstance(stitch, Stitch):
-        raise InvalidInputError(
-            f"{name} must be a lead stitch (lead.fit_stitch or lead.load_stitch give one), "
-            f"got {type(stitch).__name__}",
-            param=name,
-        )
+    how = "lead.fit_stitch or lead.load_stitch give one"
+    check_instance(stitch, Stitch, name, what="a lead stitch", how=how)
 
 
 def check_bool(value: Any, name: str) -> bool:
@@ -96,12 +107,8 @@ def check_config(config: Any, cls: type, name: str = "config") -> None:
     InvalidInputError
         Naming ``name`` and how to build one.
     """
-    if not isinstance(config, cls):
-        raise InvalidInputError(
-            f"{name} must be a {cls.__name__} ({cls.__module__}.{cls.__name__}(**options)), "
-            f"got {type(config).__name__}",
-            param=name,
-        )
+    how = f"{cls.__module__}.{cls.__name__}(**options)"
+    check_instance(config, cls, name, what=f"a {cls.__name__}", how=how)
 
 
 def check_callable(value: Any, name: str) -> None:

@@ -23,6 +23,7 @@ from lead._validation import (
     check_column_spread,
     check_fitted,
     check_float32_range,
+    check_instance,
     check_pairs,
 )
 from lead._version import __version__
@@ -256,10 +257,8 @@ def fit_stitch(
     check_bool(calibrate_variance, "calibrate_variance")
     if normalize_output is not None:
         check_bool(normalize_output, "normalize_output")
-    if info is not None and not isinstance(info, StitchInfo):
-        raise InvalidInputError(
-            f"info must be a lead.StitchInfo, got {type(info).__name__}", param="info"
-        )
+    if info is not None:
+        check_instance(info, StitchInfo, "info", what="a lead.StitchInfo", how="or None")
     check_callable(progress, "progress")
     if calibrate_variance and canonical == "unsupervised":
         raise InvalidInputError(

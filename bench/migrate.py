@@ -111,7 +111,7 @@ def build_source(uri: str, table: str, n: int, base: np.ndarray, chunk: int = 65
     """Create ``table`` with ids 1..n (binary COPY, then the primary key); seconds taken."""
     import psycopg
 
-    from lead.migrate.pgvector import _copy_rows
+    from lead.migrate.pgcopy import copy_rows
 
     started = time.perf_counter()
     with psycopg.connect(uri, autocommit=True) as conn:
@@ -120,7 +120,7 @@ def build_source(uri: str, table: str, n: int, base: np.ndarray, chunk: int = 65
         with conn.cursor() as cursor:
             for start in range(1, n + 1, chunk):
                 ids = np.arange(start, min(start + chunk, n + 1), dtype=np.int64)
-                data = _copy_rows(ids, rows_of(base, ids), ">f4", True)
+                data = copy_rows(ids, rows_of(base, ids), ">f4", True)
                 with cursor.copy(f"COPY {table} (id, emb) FROM STDIN (FORMAT BINARY)") as copy:
                     copy.write(data)
         conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (id)")

@@ -6,7 +6,7 @@ checkpoints, with lead's own pieces so that nothing else differs: the source is 
 :meth:`lead.migrate.pgvector.PgVectorSource.batches` (one binary ``COPY (SELECT id, C ...
 ORDER BY id) TO STDOUT`` stream, parsed with NumPy) in a read-ahead thread, each batch is
 widened from 384 to 768 values by repeating its columns (NumPy, no stitch), and written
-with ``_copy_rows`` into one binary ``COPY ... FROM STDIN`` (one transaction) of a new table
+with ``copy_rows`` into one binary ``COPY ... FROM STDIN`` (one transaction) of a new table
 made as ``apply`` makes its target (``id bigint PRIMARY KEY, C vector(768)``).
 
 Usage: python -m bench.migrate_io SOURCE_URI TARGET_TABLE BATCH_SIZE
@@ -26,7 +26,7 @@ def main() -> None:
     import psycopg
 
     from lead.migrate.apply import _read_ahead
-    from lead.migrate.pgvector import COPY_HEADER, COPY_TRAILER, _copy_rows
+    from lead.migrate.pgcopy import COPY_HEADER, COPY_TRAILER, copy_rows
     from lead.migrate.registry import open_source
     from lead.migrate.stores import parse_store_uri
 
@@ -42,7 +42,7 @@ def main() -> None:
                 copy.write(COPY_HEADER)
                 for batch in _read_ahead(source.batches(batch_size), depth=2):
                     wide = np.concatenate([batch.vectors, batch.vectors], axis=1)
-                    data = _copy_rows(batch.ids, wide, ">f4", True)
+                    data = copy_rows(batch.ids, wide, ">f4", True)
                     copy.write(memoryview(data)[len(COPY_HEADER) : -len(COPY_TRAILER)])
                     rows += len(batch.ids)
                 copy.write(COPY_TRAILER)
